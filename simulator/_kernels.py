@@ -1,0 +1,279 @@
+"""Numba kernel of the per-request event simulator (the only numba module of ``simulator``).
+
+The kernel advances a closed system of ``N`` requests through ``M`` models in
+continuous time.  It keeps, like the chain of the spec, the residual time
+``res[i]`` of the batch running on each model rather than absolute completion
+times: the next event is ``tau = min res[i]``, every running model loses
+``tau``, and each model whose residual is then ``<= tie_ms`` completes.  With
+grid-valued latencies this reproduces the chain's simultaneous completions
+exactly (absolute-time sums such as ``6.0 * 14`` versus ``27.9 * 3`` would
+break such ties in an arbitrary floating-point order).
+
+Randomness is counter based: the k-th routing draw of request slot r is
+``splitmix64(key[r] + k * K)``, so a request follows the same route whatever
+the thresholds are.  That gives common random numbers across candidate
+threshold vectors for free and makes a run a pure function of its seed.
+
+Per event:
+1. every completing model routes each request of its batch (by the cumulative
+   row of P, or by the next recorded step of the replayed trace request) and
+   credits the committed tokens; a request that finishes (end of its replayed
+   trace request, or ``req_tokens`` committed tokens) is replaced by a new one
+   that joins the queue of its entry model;
+2. every idle model j with ``k_j >= B_j`` launches ``min(k_j, cap_j)``
+   requests from the head of its FIFO queue for ``lat[j, b]`` ms, optionally
+   multiplied by a mean-one log-normal factor ``exp(s Z - s^2 / 2)``.
+
+Statistics are accumulated only after the warm-up: tokens, elapsed time and
+request-steps per progress bin (for batch means), the time integrals of the
+queue lengths and of the busy indicators, admission latencies (launch time
+minus queue-join time) as count, sum, an exact-zero count and a log-spaced
+histogram, and completed requests with their summed sojourn time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _mix64(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _unit(h):
+    # 53 high bits -> [0, 1)
+    return float(h >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True)
+def _slot_key(seed, slot, generation):
+    return _mix64(_mix64(seed ^ (np.uint64(slot + 1) * np.uint64(0x9E3779B97F4A7C15)))
+                  + np.uint64(generation) * np.uint64(0xD1B54A32D192ED03))
+
+
+@njit(cache=True)
+def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
+                    tr_off, tr_model, tr_tok, tr_last, req_tokens,
+                    seed, jitter_sigma, tie_ms,
+                    warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
+                    hist_min_ms, hist_inv_log_ratio, n_hist):
+    """Run one simulation; see the module docstring.
+
+    mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
+    requests finish after ``req_tokens`` committed tokens when that is > 0.
+    mode 1: replay of recorded requests ``tr_off`` (offsets into the flat
+    arrays ``tr_model``/``tr_tok``; ``tr_last`` flags the last step of each
+    recorded request), closed loop.
+    Exactly one of ``meas_steps`` (> 0) and ``meas_ms`` (> 0) sets the
+    measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
+
+    Returns ``(status, bin_tok, bin_ms, bin_steps, wait_area, busy_area,
+    adm_cnt, adm_sum, adm_zero, hist, launches, launched, completions,
+    sojourn_sum, total_steps)``; status 0 ok, 1 deadlock (no model can run).
+    """
+    M = thresh.shape[0]
+    N = n_req
+    K2 = np.uint64(0xD6E8FEB86659FD93)
+    seed_u = np.uint64(seed)
+    jseed = _mix64(seed_u ^ np.uint64(0xA0761D6478BD642F))
+
+    cur = np.zeros(N, np.int64)        # model (mode 0) or flat trace position (mode 1)
+    join_t = np.zeros(N)
+    start_t = np.zeros(N)
+    tok = np.zeros(N)
+    draws = np.zeros(N, np.uint64)
+    gen = np.zeros(N, np.int64)
+    key = np.empty(N, np.uint64)
+
+    q = np.empty((M, N), np.int64)
+    qh = np.zeros(M, np.int64)
+    qk = np.zeros(M, np.int64)
+    run = np.empty((M, N), np.int64)
+    bs = np.zeros(M, np.int64)
+    res = np.zeros(M)
+    nlaunch = np.zeros(M, np.int64)
+    done = np.zeros(M, np.bool_)
+
+    bin_tok = np.zeros(n_bins)
+    bin_ms = np.zeros(n_bins)
+    bin_steps = np.zeros(n_bins, np.int64)
+    wait_area = np.zeros(M)
+    busy_area = np.zeros(M)
+    adm_cnt = np.zeros(M, np.int64)
+    adm_sum = np.zeros(M)
+    adm_zero = np.zeros(M, np.int64)
+    hist = np.zeros((M, n_hist), np.int64)
+    launches = np.zeros(M, np.int64)
+    launched = np.zeros(M, np.int64)
+    completions = 0
+    sojourn_sum = 0.0
+
+    n_rec = tr_off.shape[0] - 1
+    for r in range(N):
+        key[r] = _slot_key(seed_u, r, 0)
+        if mode == 1:
+            rec = np.int64(_mix64(key[r] ^ np.uint64(0x5851F42D4C957F2D)) % np.uint64(n_rec))
+            cur[r] = tr_off[rec]
+            m0 = tr_model[cur[r]]
+        else:
+            cur[r] = 0
+            m0 = 0
+        t = qh[m0] + qk[m0]
+        if t >= N:
+            t -= N
+        q[m0, t] = r
+        qk[m0] += 1
+
+    now = 0.0
+    total_steps = 0
+    measuring = warm_steps <= 0 and warm_ms <= 0.0
+    t0 = 0.0
+    s0 = 0
+    status = 0
+
+    while True:
+        # launch rule, all idle models in one pass
+        for j in range(M):
+            if bs[j] == 0 and qk[j] >= thresh[j]:
+                b = qk[j]
+                if b > caps[j]:
+                    b = caps[j]
+                h = qh[j]
+                for x in range(b):
+                    r = q[j, h]
+                    run[j, x] = r
+                    if measuring:
+                        w = now - join_t[r]
+                        adm_cnt[j] += 1
+                        adm_sum[j] += w
+                        if w <= tie_ms:
+                            adm_zero[j] += 1
+                        else:
+                            idx = int(math.log(w / hist_min_ms) * hist_inv_log_ratio)
+                            if idx < 0:
+                                idx = 0
+                            elif idx >= n_hist:
+                                idx = n_hist - 1
+                            hist[j, idx] += 1
+                    h += 1
+                    if h >= N:
+                        h -= N
+                qh[j] = h
+                qk[j] -= b
+                bs[j] = b
+                d = lat[j, b]
+                if jitter_sigma > 0.0:
+                    kk = _mix64(jseed + np.uint64(j + 1) * np.uint64(0x9E3779B97F4A7C15))
+                    u1 = _unit(_mix64(kk + np.uint64(2 * nlaunch[j]) * K2))
+                    u2 = _unit(_mix64(kk + np.uint64(2 * nlaunch[j] + 1) * K2))
+                    z = math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2)
+                    d *= math.exp(jitter_sigma * z - 0.5 * jitter_sigma * jitter_sigma)
+                res[j] = d
+                nlaunch[j] += 1
+                if measuring:
+                    launches[j] += 1
+                    launched[j] += b
+
+        # next completion epoch
+        tau = np.inf
+        for i in range(M):
+            if bs[i] > 0 and res[i] < tau:
+                tau = res[i]
+        if tau == np.inf:
+            status = 1
+            break
+        if measuring:
+            for i in range(M):
+                wait_area[i] += qk[i] * tau
+                if bs[i] > 0:
+                    busy_area[i] += tau
+        now += tau
+        for i in range(M):
+            done[i] = False
+            if bs[i] > 0:
+                res[i] -= tau
+                if res[i] <= tie_ms:
+                    done[i] = True
+
+        ev_tok = 0.0
+        ev_steps = 0
+        for i in range(M):
+            if not done[i]:
+                continue
+            for x in range(bs[i]):
+                r = run[i, x]
+                if mode == 0:
+                    u = _unit(_mix64(key[r] + draws[r] * K2))
+                    draws[r] += np.uint64(1)
+                    dest = M - 1
+                    for jj in range(M - 1):
+                        if u < pcum[i, jj]:
+                            dest = jj
+                            break
+                    c = cmat[i, dest]
+                    ev_tok += c
+                    if req_tokens > 0.0:
+                        tok[r] += c
+                        if tok[r] >= req_tokens:
+                            if measuring:
+                                completions += 1
+                                sojourn_sum += now - start_t[r]
+                            tok[r] = 0.0
+                            start_t[r] = now
+                            dest = 0
+                else:
+                    pos = cur[r]
+                    ev_tok += tr_tok[pos]
+                    last = tr_last[pos]
+                    pos += 1
+                    if last:
+                        # end of the replayed recorded request: a new one takes the slot
+                        if measuring:
+                            completions += 1
+                            sojourn_sum += now - start_t[r]
+                        gen[r] += 1
+                        key[r] = _slot_key(seed_u, r, gen[r])
+                        rec = np.int64(_mix64(key[r] ^ np.uint64(0x5851F42D4C957F2D)) % np.uint64(n_rec))
+                        pos = tr_off[rec]
+                        start_t[r] = now
+                    cur[r] = pos
+                    dest = tr_model[pos]
+                join_t[r] = now
+                t = qh[dest] + qk[dest]
+                if t >= N:
+                    t -= N
+                q[dest, t] = r
+                qk[dest] += 1
+            ev_steps += bs[i]
+            bs[i] = 0
+            res[i] = 0.0
+
+        total_steps += ev_steps
+        if measuring:
+            ms = now - t0
+            st = total_steps - s0
+            if meas_steps > 0:
+                bi = (st - ev_steps) * n_bins // meas_steps
+            else:
+                bi = int((ms - tau) / meas_ms * n_bins)
+            if bi >= n_bins:
+                bi = n_bins - 1
+            bin_tok[bi] += ev_tok
+            bin_ms[bi] += tau
+            bin_steps[bi] += ev_steps
+            if (meas_steps > 0 and st >= meas_steps) or (meas_steps <= 0 and ms >= meas_ms):
+                break
+        elif (warm_steps > 0 and total_steps >= warm_steps) or (warm_steps <= 0 and now >= warm_ms):
+            measuring = True
+            t0 = now
+            s0 = total_steps
+
+    return (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, adm_cnt, adm_sum, adm_zero,
+            hist, launches, launched, completions, sojourn_sum, total_steps)

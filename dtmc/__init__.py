@@ -1,0 +1,70 @@
+"""Exact delayed-batching Markov chain: reachable states, transitions, stationary solve, rewards.
+
+This package imports nothing else of the project; it works on plain NumPy
+arrays (routing matrix ``P``, committed tokens ``C``, durations ``d`` in quanta,
+thresholds ``B``).  See :mod:`dtmc.chain` for the semantics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATES, Chain, DTMCError,
+                        StateLimitExceeded, build_chain, state_bound)
+from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
+from dtmc.solve import DEFAULT_TOL, SOLVERS, StationaryResult, closed_classes, residual, stationary_distribution
+
+__all__ = [
+    "Chain", "DTMCError", "StateLimitExceeded", "StationaryResult", "ChainSolution",
+    "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
+    "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain",
+    "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
+]
+
+
+@dataclass(frozen=True)
+class ChainSolution:
+    """Everything one evaluation of a chain yields (times in quanta)."""
+
+    N: int
+    B: tuple[int, ...]
+    throughput_per_quantum: float
+    mean_waiting: np.ndarray
+    arrival_rate_per_quantum: np.ndarray
+    states: int
+    transitions: int
+    recurrent_states: int
+    residual: float
+    solver: str
+    iterations: int
+    build_seconds: float
+    assembly_seconds: float
+    solve_seconds: float
+    bytes_used: int
+    pi: np.ndarray | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.build_seconds + self.assembly_seconds + self.solve_seconds
+
+
+def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
+                max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None) -> ChainSolution:
+    """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards."""
+    chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states)
+    t0 = time.perf_counter()
+    st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0)
+    pi = st.pi
+    thr = throughput_per_quantum(pi, chain.g, chain.tau)
+    mw = mean_waiting(pi, chain.tau, chain.waiting)
+    lam = arrival_rate_per_quantum(pi, chain.tau, chain.arrivals)
+    t1 = time.perf_counter()
+    return ChainSolution(N=chain.N, B=chain.B, throughput_per_quantum=thr, mean_waiting=mw,
+                         arrival_rate_per_quantum=lam, states=chain.n_states, transitions=chain.n_transitions,
+                         recurrent_states=st.n_recurrent, residual=st.residual, solver=st.solver,
+                         iterations=st.iterations, build_seconds=chain.build_seconds,
+                         assembly_seconds=chain.assembly_seconds, solve_seconds=t1 - t0,
+                         bytes_used=chain.bytes_used, pi=pi if keep_pi else None)

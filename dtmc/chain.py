@@ -1,0 +1,210 @@
+r"""The delayed-batching DTMC: reachable states, transition matrix and rewards.
+
+The chain is observed right after each batch-completion epoch and the launches
+it causes.  A state is ``s = (k_i, b_i, r_i)_{i<M}`` (waiting, running batch
+size, residual quanta), with :math:`\sum_i (k_i + b_i) = N`.  From ``s``:
+
+* :math:`\tau(s) = \min_{b_i>0} r_i`, :math:`A(s) = \{i : b_i>0, r_i=\tau\}`;
+* the other running models keep running with :math:`r_i - \tau`;
+* each :math:`i \in A` routes its :math:`b_i` requests by
+  :math:`\mathrm{Multinomial}(b_i, P_i)`; the joint outcome is the product;
+* every idle model j with :math:`k_j \ge B_j` launches
+  :math:`\min(k_j, \mathrm{cap}_j)` requests with residual
+  :math:`d_j(\text{batch})` quanta;
+* outcomes leading to the same state are merged (one matrix entry per pair).
+
+Rewards: holding time :math:`\tau(s)` and expected committed tokens
+:math:`g(s) = \sum_{i\in A} b_i \sum_j C_{ij}P_{ij}`.
+
+This module imports nothing else of the project: it takes plain arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from dtmc import _kernels as K
+
+
+class DTMCError(ValueError):
+    """Invalid chain input, or a chain whose structure the solver refuses."""
+
+
+class StateLimitExceeded(RuntimeError):
+    """Enumeration stopped because the reachable set exceeded ``max_states``."""
+
+    def __init__(self, max_states: int, estimate: int, bytes_estimate: int):
+        self.max_states = max_states
+        self.estimate = estimate
+        self.bytes_estimate = bytes_estimate
+        super().__init__(
+            f"the reachable state space exceeds max_states = {max_states:,} "
+            f"(upper-bound estimate {estimate:,} states, about {bytes_estimate / 2**30:.1f} GiB)")
+
+
+# Bytes held per state and per transition at the peak of build + solve:
+# key, tau, g, row pointer, hash slots (2 x 16 at load <= 1/2), decoded state,
+# solver vectors; per transition: column index and value in the CSR, its
+# transpose, and the growth slack of the edge buffers.
+BYTES_PER_STATE = 8 + 8 + 8 + 8 + 32 + 24 * 3 + 8 * 4
+BYTES_PER_TRANSITION = (8 + 8) * 3
+DEFAULT_MAX_STATES = 20_000_000
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A built chain.  ``T`` is CSR (rows sum to 1), states in BFS discovery order."""
+
+    N: int
+    B: tuple[int, ...]
+    keys: np.ndarray
+    T: sp.csr_matrix
+    tau: np.ndarray          # holding time of each state, quanta
+    g: np.ndarray            # expected committed tokens at the epoch ending each state
+    waiting: np.ndarray      # (n, M) k_i of each state
+    batch: np.ndarray        # (n, M) b_i of each state
+    residual: np.ndarray     # (n, M) r_i of each state
+    arrivals: np.ndarray     # (n, M) expected requests routed into each queue at the epoch
+    build_seconds: float
+    assembly_seconds: float
+
+    @property
+    def n_states(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def n_transitions(self) -> int:
+        return int(self.T.nnz)
+
+    @property
+    def bytes_used(self) -> int:
+        arrays = [self.keys, self.tau, self.g, self.waiting, self.batch, self.residual, self.arrivals,
+                  self.T.data, self.T.indices, self.T.indptr]
+        return int(sum(a.nbytes for a in arrays))
+
+
+def _bits(x: int) -> int:
+    return max(1, int(x).bit_length())
+
+
+def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray) -> int:
+    """A cheap upper bound on the number of reachable states (no allocation).
+
+    Counts vectors ``(k_i, b_i, r_i)`` with ``sum(k_i + b_i) = N``, idle
+    models holding fewer than ``B_i`` (or more only while running), and ``r_i``
+    within ``1..max d_i``.  It is loose (often by 10-100x) but cheap, and it
+    never undercounts; the enumeration itself stops at ``max_states``.
+    """
+    M = len(B)
+    # generating-function count: per model, the number of (k, b, r) with k+b = m
+    per = []
+    for i in range(M):
+        dmax = int(d[i, 1:].max())
+        c = np.zeros(N + 1, dtype=object)
+        for m in range(N + 1):
+            idle = 1 if m < B[i] else 0
+            running = sum(dmax for bb in range(1, min(m, caps[i]) + 1))
+            c[m] = idle + running
+        per.append(c)
+    acc = np.zeros(N + 1, dtype=object)
+    acc[:] = 0
+    acc[: N + 1] = per[0]
+    for i in range(1, M):
+        nxt = np.zeros(N + 1, dtype=object)
+        nxt[:] = 0
+        for a in range(N + 1):
+            if acc[a] == 0:
+                continue
+            for m in range(N + 1 - a):
+                nxt[a + m] += acc[a] * per[i][m]
+        acc = nxt
+    return int(acc[N])
+
+
+_comp_cache: dict = {}
+
+
+def _compositions(N: int, M: int):
+    key = (N, M)
+    hit = _comp_cache.get(key)
+    if hit is None:
+        total = math.comb(N + M, M)
+        if total > 60_000_000:
+            raise DTMCError(f"M = {M} models at N = {N} need {total:,} batch-routing outcomes; too many to enumerate")
+        hit = K.compositions(N, M)
+        if len(_comp_cache) > 32:
+            _comp_cache.clear()
+        _comp_cache[key] = hit
+    return hit
+
+
+def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=None,
+                max_states: int = DEFAULT_MAX_STATES) -> Chain:
+    """Enumerate the states reachable from the initial state and assemble the chain.
+
+    ``P``, ``C``: (M, M) routing probabilities and committed tokens.  ``d``:
+    (M, N+1) integer durations in quanta, ``d[i, b]`` for a batch of ``b``
+    (column 0 unused).  ``B``: thresholds (length M, feasible:
+    ``sum(B_i - 1) < N``).  ``caps``: batch caps (default N).  Raises
+    :class:`StateLimitExceeded` once more than ``max_states`` states are found,
+    before their transitions could exhaust memory.
+    """
+    P = np.ascontiguousarray(P, dtype=np.float64)
+    C = np.ascontiguousarray(C, dtype=np.float64)
+    M = P.shape[0]
+    N = int(N)
+    if N < 1:
+        raise DTMCError(f"N must be >= 1, got {N}")
+    B = np.ascontiguousarray(B, dtype=np.int64)
+    if B.shape != (M,):
+        raise DTMCError(f"B must have M = {M} entries, got {B.shape[0] if B.ndim else 0}")
+    if (B < 1).any():
+        raise DTMCError(f"thresholds must be >= 1, got B = {tuple(int(x) for x in B)}")
+    if int((B - 1).sum()) >= N:
+        raise DTMCError(f"B = {tuple(int(x) for x in B)} is infeasible for N = {N}: "
+                        f"sum(B_i - 1) = {int((B - 1).sum())} must be < N")
+    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
+    if (caps < 1).any():
+        raise DTMCError("batch caps must be >= 1")
+    d = np.ascontiguousarray(d, dtype=np.int64)
+    if d.shape != (M, N + 1):
+        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
+    if (d[:, 1:] < 1).any():
+        raise DTMCError("durations d must be >= 1 quantum")
+    bn = _bits(N)
+    br = _bits(int(d.max()))
+    if M * (2 * bn + br) > 62:
+        raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {int(d.max())} quanta "
+                        f"needs {M * (2 * bn + br)} bits, more than the 62 a packed key holds; use a coarser delta")
+    cbar = (C * P).sum(axis=1)
+
+    t0 = time.perf_counter()
+    offsets, parts = _compositions(N, M)
+    logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
+    prob = K.composition_probabilities(P, offsets, parts, logfact)
+    init_cap = 1024
+    status, n, keys, row_ptr, cols, vals, tau, g = K.build_chain(
+        N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, int(max_states), init_cap)
+    if status == K.TOO_MANY_STATES:
+        est = state_bound(N, d, B, caps)
+        raise StateLimitExceeded(int(max_states), max(est, n),
+                                 max(est, n) * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION))
+    if status == K.DEADLOCK:
+        raise DTMCError("the chain reached a state where no model runs (deadlock); check B and the routing matrix")
+    t1 = time.perf_counter()
+    nnz = int(row_ptr[n])
+    keys = keys[:n].copy()
+    T = sp.csr_matrix((vals[:nnz].copy(), cols[:nnz].copy(), row_ptr[: n + 1].copy()), shape=(n, n))
+    W, Bb, R = K.decode_states(keys, M, bn, br)
+    # expected arrivals into queue j at the epoch that ends state s
+    done = (Bb > 0) & (R == tau[:n, None])
+    arrivals = (Bb * done) @ P
+    t2 = time.perf_counter()
+    return Chain(N=N, B=tuple(int(x) for x in B), keys=keys, T=T, tau=tau[:n].copy(), g=g[:n].copy(),
+                 waiting=W, batch=Bb, residual=R, arrivals=arrivals,
+                 build_seconds=t1 - t0, assembly_seconds=t2 - t1)

@@ -1,0 +1,109 @@
+"""Evaluate one threshold vector B for a system spec: the chain's throughput and queue metrics.
+
+Throughput in tokens/s is ``T(B) * 1000 / delta_ms`` (see :mod:`dtmc.reward`);
+per-request speed is throughput / N; the mean admission latency of model i
+(Little's law) is ``mean_waiting_i / arrival_rate_i``, converted to ms.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import dtmc
+from tr_model.errors import SpecError, StateSpaceTooLarge
+from tr_model.spec import SystemSpec
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The chain's prediction for one (spec, N, B)."""
+
+    N: int
+    B: tuple[int, ...]
+    throughput_tok_s: float
+    states: int
+    transitions: int
+    residual: float
+    solver: str
+    seconds: float
+    mean_waiting: tuple[float, ...]
+    admission_latency_ms: tuple[float, ...]
+    per_request_tok_s: float
+    iterations: int = 0
+    recurrent_states: int = 0
+    bytes_used: int = 0
+    build_seconds: float = 0.0
+    assembly_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    delta_ms: float = 0.1
+    roundings: tuple = field(default=(), compare=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "N": self.N, "B": list(self.B), "throughput_tok_s": self.throughput_tok_s,
+            "per_request_tok_s": self.per_request_tok_s,
+            "mean_waiting": list(self.mean_waiting),
+            "admission_latency_ms": [None if not np.isfinite(x) else x for x in self.admission_latency_ms],
+            "states": self.states, "transitions": self.transitions, "recurrent_states": self.recurrent_states,
+            "residual": self.residual, "solver": self.solver, "iterations": self.iterations,
+            "seconds": self.seconds, "bytes_used": self.bytes_used,
+        }
+
+
+def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:
+    """Validate a threshold vector for ``spec`` at concurrency ``N``."""
+    if int(N) != N or N < 1:
+        raise SpecError(f"N must be an integer >= 1, got {N!r}")
+    try:
+        Bt = tuple(int(b) for b in B)
+    except (TypeError, ValueError):
+        raise SpecError(f"B must be a list of integers, got {B!r}") from None
+    if any(int(b) != b for b in B):
+        raise SpecError(f"B must be integers, got {tuple(B)}")
+    if len(Bt) != spec.M:
+        raise SpecError(f"B has {len(Bt)} entries but the system has M = {spec.M} models")
+    if any(b < 1 for b in Bt):
+        raise SpecError(f"every threshold B_i must be >= 1, got B = {Bt}")
+    if sum(b - 1 for b in Bt) >= N:
+        raise SpecError(f"B = {Bt} is infeasible for N = {N}: sum(B_i - 1) = {sum(b - 1 for b in Bt)} "
+                        f"must be < N (otherwise the system can deadlock)")
+    return Bt
+
+
+def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,
+                        max_states: int | None = None, round_to_grid: bool = False) -> Evaluation:
+    """Throughput and queue metrics of delayed batching with thresholds ``B`` at concurrency ``N``."""
+    Bt = check_thresholds(spec, N, B)
+    if solver not in dtmc.SOLVERS:
+        raise SpecError(f"--solver must be one of {', '.join(dtmc.SOLVERS)}, got {solver!r}")
+    d, roundings = spec.quanta_table(int(N), round_to_grid=round_to_grid)
+    t0 = time.perf_counter()
+    try:
+        sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
+                               tol=dtmc.DEFAULT_TOL if tol is None else float(tol),
+                               max_states=dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states))
+    except dtmc.StateLimitExceeded as e:
+        raise StateSpaceTooLarge(
+            f"N = {N}, B = {Bt}: the state space has more than max_states = {e.max_states:,} states "
+            f"(upper-bound estimate {e.estimate:,}, about {e.bytes_estimate / 2**30:.1f} GiB); "
+            f"lower N, use a coarser --delta, raise --max-states, or use the simulator") from None
+    except dtmc.DTMCError as e:
+        raise SpecError(str(e)) from None
+    seconds = time.perf_counter() - t0
+    q_per_ms = 1.0 / spec.delta_ms
+    thr = sol.throughput_per_quantum * 1000.0 * q_per_ms
+    lam = sol.arrival_rate_per_quantum
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wait_q = np.where(lam > 0, sol.mean_waiting / np.where(lam > 0, lam, 1.0), np.nan)
+    adm = tuple(float(x) * spec.delta_ms for x in wait_q)
+    return Evaluation(
+        N=int(N), B=Bt, throughput_tok_s=float(thr), states=sol.states, transitions=sol.transitions,
+        residual=float(sol.residual), solver=sol.solver, seconds=seconds,
+        mean_waiting=tuple(float(x) for x in sol.mean_waiting), admission_latency_ms=adm,
+        per_request_tok_s=float(thr) / int(N), iterations=sol.iterations,
+        recurrent_states=sol.recurrent_states, bytes_used=sol.bytes_used,
+        build_seconds=sol.build_seconds, assembly_seconds=sol.assembly_seconds,
+        solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=tuple(roundings))

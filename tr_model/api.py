@@ -1,0 +1,33 @@
+"""The public API: evaluate one threshold vector, or find the best one."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from optimizer.evaluate import Evaluation, evaluate_thresholds
+from optimizer.search import Optimum, optimize_sweep, optimize_thresholds
+from tr_model.spec import SystemSpec
+
+
+def evaluate(spec: SystemSpec, N: int, B: Sequence[int], *, solver: str = "auto", tol: float | None = None,
+             max_states: int | None = None, round_to_grid: bool = False) -> Evaluation:
+    """Predicted throughput (tokens/s), queue metrics and accuracy for thresholds ``B`` at concurrency ``N``."""
+    return evaluate_thresholds(spec, N, B, solver=solver, tol=tol, max_states=max_states,
+                               round_to_grid=round_to_grid)
+
+
+def optimize(spec: SystemSpec, N: int, *, solver: str = "auto", tol: float | None = None,
+             max_states: int | None = None, round_to_grid: bool = False, workers: int = 1,
+             executor=None, candidates=None, progress=None) -> Optimum:
+    """B* at concurrency ``N`` by exhaustive search, with the eager baseline and the full table."""
+    return optimize_thresholds(spec, N, solver=solver, tol=tol, max_states=max_states,
+                               round_to_grid=round_to_grid, workers=workers, executor=executor,
+                               candidates=candidates, progress=progress)
+
+
+def optimize_many(spec: SystemSpec, Ns: Sequence[int], *, solver: str = "auto", tol: float | None = None,
+                  max_states: int | None = None, round_to_grid: bool = False, workers: int = 1,
+                  executor=None, progress=None) -> list[Optimum]:
+    """B* for every N in ``Ns`` (one pool for the whole sweep)."""
+    return optimize_sweep(spec, Ns, solver=solver, tol=tol, max_states=max_states, round_to_grid=round_to_grid,
+                          workers=workers, executor=executor, progress=progress)

@@ -1,0 +1,189 @@
+"""``tr-optimize``: best delayed-batching thresholds for a token-level routed system.
+
+Examples::
+
+    tr-optimize --p 0.35 --L 6.0 27.9                 # R2R preset, N = 1 2 4 8 16
+    tr-optimize --algo r-stitch --p 0.2 --q 0.5 --L 6 28 --N 1-16 --format csv
+    tr-optimize --spec system.json --N 8 --B 1 5      # evaluate one vector
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from tr_model._cli_util import Parser, Progress, fail, format_table, parse_int_list, run_cli, to_csv
+from tr_model.errors import SpecError
+from tr_model.spec import PRESETS, load_spec, preset, spec_to_dict, write_json_atomic
+
+OUTPUT_SCHEMA_VERSION = 1
+DEFAULT_NS = [1, 2, 4, 8, 16]
+
+
+def build_parser() -> Parser:
+    import dtmc
+
+    p = Parser(
+        prog="tr-optimize",
+        description=("Find the delayed-batching thresholds B* that maximise the decode throughput of a "
+                     "token-level routed LLM system (TokenRouter model, exact Markov chain). "
+                     "Latencies are per decoding step in milliseconds; throughput is committed output "
+                     "tokens per second summed over the N concurrent requests."),
+        epilog="Exit codes: 0 ok, 2 bad input, 3 state space larger than --max-states.")
+    g = p.add_argument_group("system (one of --p/--algo, --weights, --spec)")
+    g.add_argument("--algo", choices=PRESETS, help="routing-algorithm preset (default r2r when --p is given; "
+                   "me when --weights is given)")
+    g.add_argument("--p", type=float, help="escalation probability per token from model 0 (r2r/citer/co-llm), "
+                   "or 0->1 switch probability (r-stitch)")
+    g.add_argument("--q", type=float, help="r-stitch: probability per token of switching back 1->0")
+    g.add_argument("--weights", type=float, nargs="+", metavar="W", help="me: ensemble weights, one per model, sum 1")
+    g.add_argument("--L", type=float, nargs="+", metavar="MS", help="step latency of each model in ms "
+                   "(one decoding step of a batch), e.g. --L 6.0 27.9")
+    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (general M, P, C, L; see docs/formats.md)")
+    g.add_argument("--delta", type=float, metavar="MS", help="time quantum in ms (default 0.1, or the spec's "
+                   "delta_ms); every L_i must be a multiple of it unless --round")
+    g.add_argument("--round", action="store_true", help="round latencies to the delta grid and report the error")
+    s = p.add_argument_group("search")
+    s.add_argument("--N", nargs="+", metavar="N", help="concurrency: integers or ranges, e.g. 1-16 32 "
+                   f"(default {' '.join(map(str, DEFAULT_NS))})")
+    s.add_argument("--B", type=int, nargs="+", metavar="B", help="evaluate exactly this threshold vector "
+                   "instead of searching")
+    s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver (default auto: "
+                   "compiled Gauss-Seidel, direct LU fallback)")
+    s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
+                   "relative to max(pi) (default %(default)g)")
+    s.add_argument("--max-states", type=int, default=dtmc.DEFAULT_MAX_STATES, metavar="S",
+                   help="refuse chains with more states than this (default %(default)s, about 8 GiB at "
+                   "~10 transitions per state: fits comfortably in 24 GB)")
+    s.add_argument("--workers", type=int, default=1, metavar="K", help="local worker processes for the search "
+                   "(default 1)")
+    o = p.add_argument_group("output")
+    o.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format")
+    o.add_argument("--all", action="store_true", help="also output every evaluated B")
+    o.add_argument("--out", metavar="FILE.json", help="also write the JSON document to this file (atomically)")
+    o.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def spec_from_args(a):
+    delta = a.delta
+    if delta is not None and (not math.isfinite(delta) or delta <= 0):
+        raise SpecError(f"--delta must be > 0 ms, got {delta:g}")
+    if a.spec:
+        if a.L or a.p is not None or a.q is not None or a.weights or a.algo:
+            raise SpecError("--spec defines the whole system; do not combine it with --L/--p/--q/--weights/--algo")
+        spec = load_spec(a.spec)
+        return spec.with_delta(delta) if delta is not None else spec
+    algo = a.algo
+    if algo is None:
+        if a.weights:
+            algo = "me"
+        elif a.p is not None:
+            algo = "r2r"
+        else:
+            raise SpecError("define the system with --p (R2R preset), --algo, --weights or --spec")
+    if not a.L:
+        raise SpecError("--L is required: the step latency of each model in ms, e.g. --L 6.0 27.9")
+    for i, L in enumerate(a.L):
+        if not math.isfinite(L) or L <= 0:
+            raise SpecError(f"--L values must be > 0 ms, got {L:g} for model {i}")
+    if algo != "me" and a.weights:
+        raise SpecError(f"--weights applies to --algo me, not {algo}")
+    if algo in ("r2r", "citer", "co-llm") and a.q is not None:
+        raise SpecError(f"--q applies to --algo r-stitch, not {algo}")
+    return preset(algo, a.L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if delta is None else delta)
+
+
+def _fmt_lat(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x:.2f}"
+
+
+def main_impl(argv=None) -> int:
+    from tr_model.api import evaluate, optimize_many
+
+    a = build_parser().parse_args(argv)
+    spec = spec_from_args(a)
+    Ns = parse_int_list(a.N, "--N") if a.N else list(DEFAULT_NS)
+    if not Ns:
+        raise SpecError("--N: no concurrency given")
+    if a.max_states < 1:
+        raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
+    if a.workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {a.workers}")
+    if not (a.tol > 0):
+        raise SpecError(f"--tol must be > 0, got {a.tol:g}")
+    # validate the grid once, up front, for every N (batch-dependent latencies depend on N)
+    roundings = []
+    for N in Ns:
+        _, r = spec.quanta_table(N, round_to_grid=a.round)
+        roundings.extend(x for x in r if x not in roundings)
+    if roundings and a.format == "table":
+        for r in roundings:
+            sys.stderr.write(f"note: model {r['model']} latency {r['step_latency_ms']:g} ms rounded to "
+                             f"{r['rounded_ms']:.6g} ms (relative error {r['relative_error']:+.3g})\n")
+    kw = dict(solver=a.solver, tol=a.tol, max_states=a.max_states, round_to_grid=a.round)
+
+    doc: dict = {"schema_version": OUTPUT_SCHEMA_VERSION, "spec": spec_to_dict(spec), "results": []}
+    if roundings:
+        doc["roundings"] = roundings
+    if a.B is not None:
+        for N in Ns:
+            ev = evaluate(spec, N, a.B, **kw)
+            doc["results"].append(ev.to_dict())
+        rows = [[r["N"], " ".join(map(str, r["B"])), f"{r['throughput_tok_s']:.2f}",
+                 f"{r['per_request_tok_s']:.2f}",
+                 " ".join(_fmt_lat(x if x is not None else float('nan')) for x in r["admission_latency_ms"]),
+                 r["states"], r["transitions"], f"{r['residual']:.1e}", f"{r['seconds']:.3f}"]
+                for r in doc["results"]]
+        headers = ["N", "B", "tok/s", "tok/s/req", "admission_ms", "states", "transitions", "residual", "seconds"]
+    else:
+        prog = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
+        opts = optimize_many(spec, Ns, workers=a.workers, progress=prog, **kw)
+        table = []
+        for o in opts:
+            doc["results"].append(o.to_dict())
+            if a.all:
+                table.extend(e.to_dict() for e in o.evaluations)
+        if a.all:
+            doc["table"] = table
+        rows = [[r["N"], " ".join(map(str, r["B"])), f"{r['throughput_tok_s']:.2f}",
+                 f"{r['eager_throughput_tok_s']:.2f}", f"{r['gain_vs_eager']:.3f}x", r["states"],
+                 r["evaluated"], f"{r['max_residual']:.1e}", f"{r['seconds']:.3f}"]
+                for r in doc["results"]]
+        headers = ["N", "B*", "tok/s", "eager tok/s", "gain", "states", "evaluated", "residual", "seconds"]
+
+    if a.out:
+        write_json_atomic(a.out, doc)
+    if a.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif a.format == "csv":
+        if a.all and "table" in doc:
+            keys = ["N", "B", "throughput_tok_s", "states", "transitions", "residual", "solver", "seconds"]
+            sys.stdout.write(to_csv(keys, [[t[k] if k != "B" else " ".join(map(str, t[k])) for k in keys]
+                                           for t in doc["table"]]))
+        else:
+            keys = [k for k in doc["results"][0] if not isinstance(doc["results"][0][k], (list, dict))
+                    or k == "B"]
+            sys.stdout.write(to_csv(keys, [[" ".join(map(str, r[k])) if isinstance(r[k], list) else r[k]
+                                            for k in keys] for r in doc["results"]]))
+    else:
+        name = spec.name
+        Ls = ", ".join(f"{x:g}" for x in spec.step_latency_ms)
+        sys.stdout.write(f"system: {name}, M = {spec.M}, L = ({Ls}) ms, delta = {spec.delta_ms:g} ms\n")
+        sys.stdout.write(format_table(headers, rows) + "\n")
+        if a.all and "table" in doc:
+            sys.stdout.write("\nevaluated thresholds:\n")
+            sys.stdout.write(format_table(["N", "B", "tok/s", "states", "transitions", "residual", "seconds"],
+                                          [[t["N"], " ".join(map(str, t["B"])), f"{t['throughput_tok_s']:.2f}",
+                                            t["states"], t["transitions"], f"{t['residual']:.1e}",
+                                            f"{t['seconds']:.3f}"] for t in doc["table"]]) + "\n")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(main_impl, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

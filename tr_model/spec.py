@@ -1,0 +1,486 @@
+"""System specs of token-level routed serving, their validation and JSON form.
+
+A system has M cooperating models (model 0 is the entry model).  After one
+decoding step on model i a request moves to model j with probability
+``P[i][j]`` and commits ``C[i][j]`` output tokens.  One decoding step of a batch
+of b requests on model i lasts ``L_i(b)`` milliseconds; the paper's model has
+``L_i(b) = L_i`` for every b, and the extensions allow a table over batch sizes
+(linearly interpolated, flat beyond its ends) or an affine law ``a_i + c_i b``.
+Time is discretised in quanta of ``delta`` ms: ``d_i(b) = L_i(b) / delta`` must
+be an integer (within a relative 1e-9), otherwise the spec is rejected with the
+rounding it would need, or rounded on request with the relative error reported.
+
+A model may also cap its batch size (``max_batch_size``): a launch then takes at
+most that many waiting requests and the rest keep waiting.
+
+The JSON form (``schema_version`` 1) is::
+
+    {"schema_version": 1, "name": "r2r", "model_names": ["small", "large"],
+     "step_latency_ms": [6.0, 27.9],
+     "routing_matrix": [[0.65, 0.35], [1.0, 0.0]],
+     "committed_tokens": [[1, 0], [1, 0]],
+     "delta_ms": 0.1,
+     "latency_curves": [null, {"batch_size": [1, 8, 32],
+                               "step_latency_ms": [27.9, 29.0, 33.5]}],
+     "max_batch_size": [null, 64],
+     "provenance": {...}}
+
+``latency_curves`` entries are ``null`` (constant ``step_latency_ms[i]``), a
+table ``{"batch_size": [...], "step_latency_ms": [...]}`` or an affine law
+``{"intercept_ms": a, "per_request_ms": c}``.  ``provenance`` is free-form
+(profiler intervals, sources) and is carried through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tr_model.errors import SpecError
+
+SPEC_SCHEMA_VERSION = 1
+PROB_TOL = 1e-9
+GRID_TOL = 1e-9
+
+__all__ = [
+    "SPEC_SCHEMA_VERSION",
+    "LatencyCurve",
+    "SystemSpec",
+    "make_spec",
+    "preset",
+    "PRESETS",
+    "load_spec",
+    "save_spec",
+    "spec_from_dict",
+    "spec_to_dict",
+    "write_json_atomic",
+]
+
+
+def _finite(x: float, what: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise SpecError(f"{what} must be a number, got {x!r}") from None
+    if not math.isfinite(v):
+        raise SpecError(f"{what} must be finite, got {x!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Step latency of one model as a function of batch size.
+
+    ``kind='table'``: ``batch_size`` (strictly increasing, >= 1) and
+    ``step_latency_ms`` (> 0) at those sizes, linear in between, flat outside.
+    ``kind='affine'``: ``intercept_ms + per_request_ms * b``.
+    """
+
+    kind: str
+    batch_size: tuple[int, ...] = ()
+    step_latency_ms: tuple[float, ...] = ()
+    intercept_ms: float = 0.0
+    per_request_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind == "table":
+            bs, ls = self.batch_size, self.step_latency_ms
+            if len(bs) == 0 or len(bs) != len(ls):
+                raise SpecError("latency table: 'batch_size' and 'step_latency_ms' must be non-empty and of equal length")
+            if any(int(b) != b or b < 1 for b in bs):
+                raise SpecError("latency table: 'batch_size' entries must be integers >= 1")
+            if any(b2 <= b1 for b1, b2 in zip(bs, bs[1:])):
+                raise SpecError("latency table: 'batch_size' must be strictly increasing")
+            if any((not math.isfinite(v)) or v <= 0 for v in ls):
+                raise SpecError("latency table: 'step_latency_ms' entries must be > 0")
+        elif self.kind == "affine":
+            if not (math.isfinite(self.intercept_ms) and math.isfinite(self.per_request_ms)):
+                raise SpecError("affine latency: 'intercept_ms' and 'per_request_ms' must be finite")
+            if self.intercept_ms + self.per_request_ms <= 0 or self.per_request_ms < 0 and self.intercept_ms <= 0:
+                raise SpecError("affine latency: L(1) = intercept_ms + per_request_ms must be > 0")
+        else:
+            raise SpecError(f"latency curve kind must be 'table' or 'affine', got {self.kind!r}")
+
+    def latency_ms(self, b: int) -> float:
+        """Step latency in ms of a batch of ``b >= 1`` requests."""
+        if self.kind == "affine":
+            return self.intercept_ms + self.per_request_ms * b
+        return float(np.interp(b, self.batch_size, self.step_latency_ms))
+
+    def to_dict(self) -> dict:
+        if self.kind == "affine":
+            return {"intercept_ms": self.intercept_ms, "per_request_ms": self.per_request_ms}
+        return {"batch_size": list(self.batch_size), "step_latency_ms": list(self.step_latency_ms)}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], where: str) -> "LatencyCurve":
+        if not isinstance(d, Mapping):
+            raise SpecError(f"{where} must be an object, null, or absent")
+        if "batch_size" in d or "step_latency_ms" in d:
+            try:
+                bs = tuple(int(b) if float(b) == int(float(b)) else float(b) for b in d["batch_size"])
+                ls = tuple(_finite(v, f"{where}.step_latency_ms") for v in d["step_latency_ms"])
+            except KeyError as e:
+                raise SpecError(f"{where} is missing field {e.args[0]!r}") from None
+            except (TypeError, ValueError):
+                raise SpecError(f"{where}: 'batch_size' and 'step_latency_ms' must be lists of numbers") from None
+            try:
+                return LatencyCurve("table", batch_size=bs, step_latency_ms=ls)
+            except SpecError as e:
+                raise SpecError(f"{where}: {e}") from None
+        if "intercept_ms" in d:
+            a = _finite(d["intercept_ms"], f"{where}.intercept_ms")
+            c = _finite(d.get("per_request_ms", 0.0), f"{where}.per_request_ms")
+            try:
+                return LatencyCurve("affine", intercept_ms=a, per_request_ms=c)
+            except SpecError as e:
+                raise SpecError(f"{where}: {e}") from None
+        raise SpecError(f"{where} needs either 'batch_size'+'step_latency_ms' or 'intercept_ms'+'per_request_ms'")
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A validated routed-serving system.  Build it with :func:`make_spec` or :func:`preset`."""
+
+    step_latency_ms: tuple[float, ...]
+    routing_matrix: tuple[tuple[float, ...], ...]
+    committed_tokens: tuple[tuple[float, ...], ...]
+    delta_ms: float = 0.1
+    name: str = "custom"
+    model_names: tuple[str, ...] | None = None
+    latency_curves: tuple[LatencyCurve | None, ...] | None = None
+    max_batch_size: tuple[int | None, ...] | None = None
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def M(self) -> int:
+        return len(self.step_latency_ms)
+
+    @property
+    def P(self) -> np.ndarray:
+        return np.array(self.routing_matrix, dtype=np.float64)
+
+    @property
+    def C(self) -> np.ndarray:
+        return np.array(self.committed_tokens, dtype=np.float64)
+
+    def latency_ms(self, i: int, b: int = 1) -> float:
+        """Step latency of model ``i`` for a batch of ``b`` requests (ms)."""
+        curve = self.latency_curves[i] if self.latency_curves else None
+        if curve is None:
+            return self.step_latency_ms[i]
+        return curve.latency_ms(b)
+
+    @property
+    def batch_dependent(self) -> bool:
+        return bool(self.latency_curves) and any(c is not None for c in self.latency_curves)
+
+    def caps(self, N: int) -> np.ndarray:
+        """Per-model batch caps as an int64 array (``N`` where uncapped)."""
+        out = np.full(self.M, N, dtype=np.int64)
+        if self.max_batch_size:
+            for i, c in enumerate(self.max_batch_size):
+                if c is not None:
+                    out[i] = min(int(c), N)
+        return out
+
+    def quanta_table(self, N: int, round_to_grid: bool = False) -> tuple[np.ndarray, list[dict]]:
+        """``d[i, b]`` = duration in quanta of a batch of b on model i, for b = 0..N.
+
+        Column 0 is unused (set to ``d[i, 1]``).  Returns the table and a list of
+        the roundings applied (empty when every latency lies on the grid).
+        Raises :class:`SpecError` when a latency is off the grid and
+        ``round_to_grid`` is false, naming the model, the batch size and the
+        rounding that would be needed.
+        """
+        if N < 1:
+            raise SpecError(f"N must be >= 1, got {N}")
+        d = np.zeros((self.M, N + 1), dtype=np.int64)
+        roundings: list[dict] = []
+        sizes = range(1, N + 1) if self.batch_dependent else (1,)
+        for i in range(self.M):
+            for b in sizes:
+                lat = self.latency_ms(i, b)
+                q = lat / self.delta_ms
+                qi = max(1, int(round(q)))
+                if abs(q - round(q)) > GRID_TOL * max(1.0, abs(q)) or round(q) < 1:
+                    rel = (qi * self.delta_ms - lat) / lat
+                    info = {"model": i, "batch_size": b, "step_latency_ms": lat,
+                            "rounded_ms": qi * self.delta_ms, "relative_error": rel}
+                    if not round_to_grid:
+                        where = f"step_latency_ms[{i}]" if not self.batch_dependent else f"latency of model {i} at batch size {b}"
+                        raise SpecError(
+                            f"{where} = {lat:g} ms is not a multiple of delta = {self.delta_ms:g} ms; "
+                            f"rounding would give {qi * self.delta_ms:.6g} ms (relative error {rel:+.3g}); "
+                            f"pass --round to apply it or choose a finer --delta")
+                    roundings.append(info)
+                d[i, b] = qi
+            if not self.batch_dependent:
+                d[i, :] = d[i, 1]
+            else:
+                d[i, 0] = d[i, 1]
+        return d, roundings
+
+    def to_dict(self) -> dict:
+        return spec_to_dict(self)
+
+    def with_delta(self, delta_ms: float) -> "SystemSpec":
+        return _replace(self, delta_ms=delta_ms)
+
+
+def _replace(spec: SystemSpec, **kw) -> SystemSpec:
+    from dataclasses import replace
+    return replace(spec, **kw)
+
+
+def _validate(s: SystemSpec) -> None:
+    M = len(s.step_latency_ms)
+    if M < 2:
+        raise SpecError(f"a system needs at least 2 models, step_latency_ms has {M}")
+    for i, L in enumerate(s.step_latency_ms):
+        if not math.isfinite(L) or L <= 0:
+            raise SpecError(f"step_latency_ms[{i}] must be > 0, got {L!r}")
+    if not math.isfinite(s.delta_ms) or s.delta_ms <= 0:
+        raise SpecError(f"delta_ms must be > 0, got {s.delta_ms!r}")
+    for name, mat in (("routing_matrix", s.routing_matrix), ("committed_tokens", s.committed_tokens)):
+        if len(mat) != M:
+            raise SpecError(f"{name} must have M = {M} rows (one per model), got {len(mat)}")
+        for i, row in enumerate(mat):
+            if len(row) != M:
+                raise SpecError(f"{name}[{i}] must have M = {M} entries, got {len(row)}")
+            for j, v in enumerate(row):
+                if not math.isfinite(v):
+                    raise SpecError(f"{name}[{i}][{j}] must be finite, got {v!r}")
+    for i, row in enumerate(s.routing_matrix):
+        for j, v in enumerate(row):
+            if v < 0 or v > 1:
+                raise SpecError(f"routing_matrix[{i}][{j}] = {v:g} is not a probability in [0, 1]")
+        tot = math.fsum(row)
+        if abs(tot - 1.0) > PROB_TOL:
+            raise SpecError(f"routing_matrix row {i} sums to {tot:.12g}, not 1 (tolerance {PROB_TOL:g})")
+    for i, row in enumerate(s.committed_tokens):
+        for j, v in enumerate(row):
+            if v < 0:
+                raise SpecError(f"committed_tokens[{i}][{j}] = {v:g} must be >= 0")
+    if s.model_names is not None and len(s.model_names) != M:
+        raise SpecError(f"model_names must have M = {M} entries, got {len(s.model_names)}")
+    if s.latency_curves is not None:
+        if len(s.latency_curves) != M:
+            raise SpecError(f"latency_curves must have M = {M} entries, got {len(s.latency_curves)}")
+        for i, c in enumerate(s.latency_curves):
+            if c is not None and not isinstance(c, LatencyCurve):
+                raise SpecError(f"latency_curves[{i}] must be a LatencyCurve or None")
+            if c is not None:
+                for b in (1, 2, 4, 8, 16, 64, 256, 1024):
+                    if c.latency_ms(b) <= 0:
+                        raise SpecError(f"latency_curves[{i}] gives a non-positive latency at batch size {b}")
+    if s.max_batch_size is not None:
+        if len(s.max_batch_size) != M:
+            raise SpecError(f"max_batch_size must have M = {M} entries, got {len(s.max_batch_size)}")
+        for i, c in enumerate(s.max_batch_size):
+            if c is not None and (int(c) != c or c < 1):
+                raise SpecError(f"max_batch_size[{i}] must be an integer >= 1 or null, got {c!r}")
+
+
+def _tuple_matrix(m: Any, name: str) -> tuple[tuple[float, ...], ...]:
+    try:
+        arr = [[float(v) for v in row] for row in m]
+    except (TypeError, ValueError):
+        raise SpecError(f"{name} must be a square matrix of numbers") from None
+    return tuple(tuple(r) for r in arr)
+
+
+def make_spec(step_latency_ms: Sequence[float], routing_matrix: Any, committed_tokens: Any,
+              delta_ms: float = 0.1, name: str = "custom", model_names: Sequence[str] | None = None,
+              latency_curves: Sequence[LatencyCurve | Mapping | None] | None = None,
+              max_batch_size: Sequence[int | None] | None = None,
+              provenance: Mapping[str, Any] | None = None) -> SystemSpec:
+    """Build and validate a :class:`SystemSpec` from plain Python values."""
+    try:
+        L = tuple(_finite(v, "step_latency_ms") for v in step_latency_ms)
+    except TypeError:
+        raise SpecError("step_latency_ms must be a list of numbers") from None
+    curves = None
+    if latency_curves is not None:
+        curves = tuple(
+            c if (c is None or isinstance(c, LatencyCurve)) else LatencyCurve.from_dict(c, f"latency_curves[{i}]")
+            for i, c in enumerate(latency_curves))
+    caps = None
+    if max_batch_size is not None:
+        caps = tuple(None if c is None else c for c in max_batch_size)
+    return SystemSpec(
+        step_latency_ms=L,
+        routing_matrix=_tuple_matrix(routing_matrix, "routing_matrix"),
+        committed_tokens=_tuple_matrix(committed_tokens, "committed_tokens"),
+        delta_ms=_finite(delta_ms, "delta_ms"),
+        name=str(name),
+        model_names=tuple(model_names) if model_names is not None else None,
+        latency_curves=curves,
+        max_batch_size=caps,
+        provenance=dict(provenance or {}),
+    )
+
+
+# ----------------------------------------------------------------------------
+# presets (Table 1 of the TokenRouter paper)
+
+PRESETS = ("r2r", "citer", "co-llm", "r-stitch", "me")
+
+
+def preset(algo: str, step_latency_ms: Sequence[float], p: float | None = None, q: float | None = None,
+           weights: Sequence[float] | None = None, delta_ms: float = 0.1, **kw) -> SystemSpec:
+    """The spec of a routing algorithm from the paper's Table 1.
+
+    ``r2r``/``citer``/``co-llm``: escalate with probability ``p``, the peer
+    returns after one token (P = [[1-p, p], [1, 0]], C = [[1, 0], [1, 0]]).
+    ``r-stitch``: symmetric switching, P = [[1-p, p], [q, 1-q]] and
+    C = [[1, 0], [0, 1]] (the switch-triggering token is regenerated).
+    ``me``: every row of P equals the ensemble ``weights``, C all ones.
+    """
+    algo = algo.lower()
+    if algo not in PRESETS:
+        raise SpecError(f"--algo must be one of {', '.join(PRESETS)}, got {algo!r}")
+    L = list(step_latency_ms)
+
+    def prob(x, flag):
+        if x is None:
+            raise SpecError(f"preset {algo!r} needs {flag}")
+        v = _finite(x, flag)
+        if v < 0 or v > 1:
+            raise SpecError(f"{flag} = {v:g} is not a probability in [0, 1]")
+        return v
+
+    if algo in ("r2r", "citer", "co-llm"):
+        if len(L) != 2:
+            raise SpecError(f"preset {algo!r} has M = 2 models; --L needs 2 values, got {len(L)}")
+        pv = prob(p, "--p")
+        P = [[1 - pv, pv], [1.0, 0.0]]
+        C = [[1.0, 0.0], [1.0, 0.0]]
+    elif algo == "r-stitch":
+        if len(L) != 2:
+            raise SpecError(f"preset 'r-stitch' has M = 2 models; --L needs 2 values, got {len(L)}")
+        pv, qv = prob(p, "--p"), prob(q, "--q")
+        P = [[1 - pv, pv], [qv, 1 - qv]]
+        C = [[1.0, 0.0], [0.0, 1.0]]
+    else:
+        if weights is None:
+            raise SpecError("preset 'me' needs --weights")
+        w = [_finite(x, "--weights") for x in weights]
+        if len(w) != len(L):
+            raise SpecError(f"--weights has {len(w)} values but --L has {len(L)}; they must match (one per model)")
+        if any(x < 0 for x in w):
+            raise SpecError("--weights must be >= 0")
+        tot = math.fsum(w)
+        if abs(tot - 1.0) > PROB_TOL:
+            raise SpecError(f"--weights sum to {tot:.12g}, not 1 (tolerance {PROB_TOL:g})")
+        P = [list(w) for _ in L]
+        C = [[1.0] * len(L) for _ in L]
+    return make_spec(L, P, C, delta_ms=delta_ms, name=algo, **kw)
+
+
+# ----------------------------------------------------------------------------
+# JSON
+
+def spec_to_dict(spec: SystemSpec) -> dict:
+    d: dict[str, Any] = {
+        "schema_version": SPEC_SCHEMA_VERSION,
+        "name": spec.name,
+        "step_latency_ms": list(spec.step_latency_ms),
+        "routing_matrix": [list(r) for r in spec.routing_matrix],
+        "committed_tokens": [list(r) for r in spec.committed_tokens],
+        "delta_ms": spec.delta_ms,
+    }
+    if spec.model_names is not None:
+        d["model_names"] = list(spec.model_names)
+    if spec.latency_curves is not None:
+        d["latency_curves"] = [None if c is None else c.to_dict() for c in spec.latency_curves]
+    if spec.max_batch_size is not None:
+        d["max_batch_size"] = list(spec.max_batch_size)
+    if spec.provenance:
+        d["provenance"] = dict(spec.provenance)
+    return d
+
+
+_KNOWN_KEYS = {"schema_version", "name", "step_latency_ms", "routing_matrix", "committed_tokens", "delta_ms",
+               "model_names", "latency_curves", "max_batch_size", "provenance", "M"}
+
+
+def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
+    """Validate a spec document (as loaded from JSON) and build the spec."""
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: a spec must be a JSON object")
+    ver = d.get("schema_version", SPEC_SCHEMA_VERSION)
+    if ver != SPEC_SCHEMA_VERSION:
+        raise SpecError(f"{where}: unsupported schema_version {ver!r} (this tool reads {SPEC_SCHEMA_VERSION})")
+    unknown = sorted(set(d) - _KNOWN_KEYS)
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    for key in ("step_latency_ms", "routing_matrix", "committed_tokens"):
+        if key not in d:
+            raise SpecError(f"{where}: missing field {key!r}")
+    if not isinstance(d["step_latency_ms"], list):
+        raise SpecError(f"{where}: 'step_latency_ms' must be a list of numbers")
+    for key in ("routing_matrix", "committed_tokens"):
+        if not isinstance(d[key], list) or not all(isinstance(r, list) for r in d[key]):
+            raise SpecError(f"{where}: {key!r} must be a list of lists (an M x M matrix)")
+    if "M" in d and d["M"] != len(d["step_latency_ms"]):
+        raise SpecError(f"{where}: 'M' = {d['M']!r} but step_latency_ms has {len(d['step_latency_ms'])} entries")
+    try:
+        return make_spec(
+            d["step_latency_ms"], d["routing_matrix"], d["committed_tokens"],
+            delta_ms=d.get("delta_ms", 0.1), name=d.get("name", "custom"),
+            model_names=d.get("model_names"), latency_curves=d.get("latency_curves"),
+            max_batch_size=d.get("max_batch_size"), provenance=d.get("provenance"))
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def load_spec(path: str | os.PathLike) -> SystemSpec:
+    """Read a spec JSON file; unreadable or malformed files raise :class:`SpecError`."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise SpecError(f"spec file {os.fspath(path)!r} does not exist") from None
+    except OSError as e:
+        raise SpecError(f"cannot read spec file {os.fspath(path)!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(f"spec file {os.fspath(path)!r} is not valid JSON: {e}") from None
+    return spec_from_dict(doc, where=os.fspath(path))
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
+    """Write ``doc`` as JSON to a temp file in the same folder, then rename it over ``path``."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise SpecError(f"cannot write {path!r}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_spec(spec: SystemSpec, path: str | os.PathLike) -> None:
+    """Write the spec's JSON form atomically."""
+    write_json_atomic(path, spec_to_dict(spec))

@@ -1,0 +1,403 @@
+"""Joint KV-cache budgeting of co-located subservers (TokenRouter, Appendix B).
+
+Token-level routing keeps every active request resident in *every* model it
+visits, so all subservers need the same KV-token capacity ``T``; when models
+share a GPU (CUDA MPS) their reservations must be planned jointly.
+
+Per model m (from its ``config.json``):
+
+* KV bytes per token, whole model: ``kv_m = 2 * layers * kv_heads * head_dim * kv_dtype_bytes``
+  (K and V, every layer).  Under tensor parallelism t the KV heads are split:
+  a GPU holds ``kv_heads / t`` heads (``1`` when ``t`` is a multiple of
+  ``kv_heads``: heads are then replicated), so ``kv_{m,g} = 2 * layers *
+  heads_per_gpu * head_dim * kv_dtype_bytes``.
+* Weight bytes: from ``model.safetensors.index.json`` next to the config
+  (``metadata.total_size``, bytes), else a ``num_parameters`` field, else the
+  parameter count of a dense decoder (Llama/Qwen family)::
+
+      embed  = vocab * hidden                       (+ the same again for lm_head unless tied)
+      layer  = hidden * (heads + 2 * kv_heads) * head_dim       (q, k, v projections)
+             + heads * head_dim * hidden                         (o projection)
+             + 3 * hidden * intermediate                         (gate, up, down)
+             + 2 * hidden  [+ 2 * head_dim for Qwen3's q/k norms]  (replicated)
+             [+ (heads + 2 * kv_heads) * head_dim with attention bias]
+      total  = embed + layers * layer + hidden (final norm, replicated)
+
+  times the dtype's bytes.  Under TP t a GPU holds ``sharded / t + replicated``
+  (vocab-parallel embeddings; vocab padding to a multiple of t is ignored).
+
+Given a placement (GPUs per model, TP degree; a GPU listed by two models is
+shared), the per-GPU memory ``G_g`` and a budget fraction ``f`` (the shared
+budget TokenRouter makes configurable), with an optional reserve ``R`` per
+(model, GPU) for activations and CUDA graphs, the largest common capacity is::
+
+      T = min_g floor( (f * G_g - sum_{m on g} (W_{m,g} + R)) / sum_{m on g} kv_{m,g} )
+
+rounded down to the page size.  Subserver m then reserves on each of its GPUs
+``W_{m,g} + R + T * kv_{m,g}`` bytes, i.e. the memory fraction
+``(W_{m,g} + R + T * kv_{m,g}) / G_g`` (floored to 1e-4 so that rounding never
+over-commits); the launch arguments carry both the fraction and ``T`` as an
+explicit token cap (SGLang ``--mem-fraction-static`` / ``--max-total-tokens``,
+vLLM ``--gpu-memory-utilization`` / ``--kv-cache-memory-bytes``).
+
+A placement whose weights (plus reserves) exceed a GPU's budget, or that leaves
+less than one page of KV cache, is rejected naming the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tr_model.errors import SpecError
+
+PLACEMENT_SCHEMA_VERSION = 1
+GIB = 1024 ** 3
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+}
+
+__all__ = ["ModelFootprint", "PlacedModel", "Placement", "KVPlan", "read_model_footprint", "load_placement",
+           "make_placement", "plan_kv_cache", "plan_to_dict", "DTYPE_BYTES", "GIB"]
+
+
+def _dtype_bytes(name: Any, where: str) -> int:
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise SpecError(f"{where}: unknown dtype {name!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """Memory footprint of one model, derived from its ``config.json``."""
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    dtype_bytes: int
+    kv_dtype_bytes: int
+    num_parameters: int | None
+    replicated_parameters: int
+    weight_bytes: int
+    weight_source: str
+    config_path: str | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer and every KV head, one token, whole model (bytes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        if self.num_kv_heads % tp == 0:
+            return self.num_kv_heads // tp
+        if tp % self.num_kv_heads == 0:
+            return 1  # more ranks than KV heads: each rank keeps a replica of one head
+        raise SpecError(f"model {self.name!r}: tensor_parallel = {tp} neither divides nor is a multiple of "
+                        f"num_key_value_heads = {self.num_kv_heads}")
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
+        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes
+
+    def weight_bytes_per_gpu(self, tp: int) -> int:
+        rep = self.replicated_parameters * self.dtype_bytes
+        return -(-(self.weight_bytes - rep) // tp) + rep
+
+
+def _int_field(cfg: Mapping[str, Any], key: str, where: str, minimum: int = 1) -> int:
+    if key not in cfg:
+        raise SpecError(f"{where}: missing field {key!r}")
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise SpecError(f"{where}: field {key!r} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _dense_parameter_count(cfg: Mapping[str, Any], where: str, layers: int, heads: int, kv_heads: int,
+                           head_dim: int, hidden: int) -> tuple[int, int]:
+    for moe_key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if cfg.get(moe_key):
+            raise SpecError(f"{where}: mixture-of-experts config ({moe_key!r}); give 'num_parameters' or a "
+                            f"model.safetensors.index.json next to it")
+    vocab = _int_field(cfg, "vocab_size", where)
+    inter = _int_field(cfg, "intermediate_size", where)
+    model_type = str(cfg.get("model_type", ""))
+    bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
+    qk_norm = model_type.startswith("qwen3")
+    sharded_layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inter
+    if bias:
+        sharded_layer += (heads + 2 * kv_heads) * head_dim
+    replicated_layer = 2 * hidden + (2 * head_dim if qk_norm else 0)
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    replicated = layers * replicated_layer + hidden
+    return embed + layers * sharded_layer + replicated, replicated
+
+
+def read_model_footprint(config_path: str | os.PathLike | None = None, *, config: Mapping[str, Any] | None = None,
+                         name: str | None = None, kv_cache_dtype: str | None = None,
+                         num_parameters: int | None = None) -> ModelFootprint:
+    """Footprint of a model from its HF-style ``config.json`` (path or already-parsed dict)."""
+    path = os.fspath(config_path) if config_path is not None else None
+    where = f"config.json {path!r}" if path else "config"
+    if config is None:
+        if path is None:
+            raise SpecError("read_model_footprint needs a config path or a config dict")
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                config = json.load(f)
+        except FileNotFoundError:
+            raise SpecError(f"{where} does not exist") from None
+        except OSError as e:
+            raise SpecError(f"cannot read {where}: {e.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SpecError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(config, Mapping):
+        raise SpecError(f"{where}: must be a JSON object")
+    cfg = config.get("text_config", config) if isinstance(config.get("text_config"), Mapping) else config
+    layers = _int_field(cfg, "num_hidden_layers", where)
+    hidden = _int_field(cfg, "hidden_size", where)
+    heads = _int_field(cfg, "num_attention_heads", where)
+    kv_heads = _int_field(cfg, "num_key_value_heads", where)
+    if heads % kv_heads:
+        raise SpecError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+    head_dim = _int_field(cfg, "head_dim", where) if cfg.get("head_dim") is not None else hidden // heads
+    dtype_key = "torch_dtype" if "torch_dtype" in cfg else ("dtype" if "dtype" in cfg else None)
+    if dtype_key is None:
+        raise SpecError(f"{where}: missing field 'torch_dtype'")
+    dtype = str(cfg[dtype_key]).replace("torch.", "")
+    dbytes = _dtype_bytes(dtype, f"{where}: field {dtype_key!r}")
+    kv_bytes = dbytes if kv_cache_dtype in (None, "auto") else _dtype_bytes(kv_cache_dtype, f"{where}: kv_cache_dtype")
+    nm = name or (os.path.basename(os.path.dirname(os.path.abspath(path))) if path else "model")
+
+    index = os.path.join(os.path.dirname(os.path.abspath(path)), "model.safetensors.index.json") if path else None
+    if num_parameters is None and "num_parameters" in cfg:
+        num_parameters = _int_field(cfg, "num_parameters", where)
+    if index and os.path.exists(index) and num_parameters is None:
+        try:
+            with open(index, "r", encoding="utf-8") as f:
+                total = json.load(f)["metadata"]["total_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise SpecError(f"{index!r}: cannot read metadata.total_size") from None
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise SpecError(f"{index!r}: metadata.total_size must be a positive integer (bytes)")
+        return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, None, 0, total,
+                              "safetensors index", path)
+    if num_parameters is not None:
+        if isinstance(num_parameters, bool) or not isinstance(num_parameters, int) or num_parameters < 1:
+            raise SpecError(f"{where}: num_parameters must be an integer >= 1, got {num_parameters!r}")
+        return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, num_parameters, 0,
+                              num_parameters * dbytes, "num_parameters", path)
+    params, replicated = _dense_parameter_count(cfg, where, layers, heads, kv_heads, head_dim, hidden)
+    return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, params, replicated,
+                          params * dbytes, "architecture", path)
+
+
+@dataclass(frozen=True)
+class PlacedModel:
+    footprint: ModelFootprint
+    gpus: tuple[int, ...]
+    tensor_parallel: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Models on GPUs, the per-GPU memory and the budget fraction."""
+
+    models: tuple[PlacedModel, ...]
+    gpu_memory_bytes: tuple[int, ...]
+    memory_budget_fraction: float = 0.9
+    reserved_bytes_per_model_gpu: int = 0
+    page_size_tokens: int = 1
+    name: str = "placement"
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpu_memory_bytes)
+
+    def models_on(self, g: int) -> list[int]:
+        return [k for k, m in enumerate(self.models) if g in m.gpus]
+
+
+def make_placement(models: Sequence[tuple[ModelFootprint, Sequence[int], int]], gpu_memory_gib: float | Sequence[float],
+                   memory_budget_fraction: float = 0.9, reserved_gib_per_model_gpu: float = 0.0,
+                   page_size_tokens: int = 1, name: str = "placement") -> Placement:
+    """Validate a placement: ``models`` is a list of (footprint, GPU indices, TP degree)."""
+    if not models:
+        raise SpecError("placement: 'models' is empty")
+    placed = []
+    top = -1
+    for k, (fp, gpus, tp) in enumerate(models):
+        w = f"placement: models[{k}] ({fp.name})"
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise SpecError(f"{w}: tensor_parallel must be an integer >= 1, got {tp!r}")
+        g = tuple(gpus)
+        if not g or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in g):
+            raise SpecError(f"{w}: gpus must be a non-empty list of GPU indices >= 0, got {list(gpus)!r}")
+        if len(set(g)) != len(g):
+            raise SpecError(f"{w}: gpus lists a GPU twice: {list(g)}")
+        if len(g) != tp:
+            raise SpecError(f"{w}: gpus has {len(g)} entries but tensor_parallel is {tp} (one rank per GPU)")
+        fp.kv_heads_per_gpu(tp)
+        top = max(top, max(g))
+        placed.append(PlacedModel(fp, g, tp))
+    if isinstance(gpu_memory_gib, (int, float)):
+        mem = [float(gpu_memory_gib)] * (top + 1)
+    else:
+        mem = [float(x) for x in gpu_memory_gib]
+        if len(mem) <= top:
+            raise SpecError(f"placement: gpu_memory_gib lists {len(mem)} GPUs but GPU {top} is used")
+    if any(not math.isfinite(x) or x <= 0 for x in mem):
+        raise SpecError("placement: gpu_memory_gib must be > 0")
+    f = float(memory_budget_fraction)
+    if not (0 < f <= 1):
+        raise SpecError(f"placement: memory_budget_fraction must be in (0, 1], got {memory_budget_fraction!r}")
+    r = float(reserved_gib_per_model_gpu)
+    if not math.isfinite(r) or r < 0:
+        raise SpecError(f"placement: reserved_gib_per_model_gpu must be >= 0, got {reserved_gib_per_model_gpu!r}")
+    if isinstance(page_size_tokens, bool) or not isinstance(page_size_tokens, int) or page_size_tokens < 1:
+        raise SpecError(f"placement: page_size_tokens must be an integer >= 1, got {page_size_tokens!r}")
+    return Placement(tuple(placed), tuple(int(round(x * GIB)) for x in mem), f, int(round(r * GIB)),
+                     page_size_tokens, name)
+
+
+def load_placement(path: str | os.PathLike, *, gpu_memory_gib: float | None = None,
+                   memory_budget_fraction: float | None = None) -> Placement:
+    """Read a placement JSON file; config paths inside it are relative to the file."""
+    p = os.fspath(path)
+    try:
+        with open(p, "r", encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise SpecError(f"placement file {p!r} does not exist") from None
+    except OSError as e:
+        raise SpecError(f"cannot read placement file {p!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(f"placement file {p!r} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"placement file {p!r}: must be a JSON object")
+    ver = doc.get("schema_version", PLACEMENT_SCHEMA_VERSION)
+    if ver != PLACEMENT_SCHEMA_VERSION:
+        raise SpecError(f"placement file {p!r}: unsupported schema_version {ver!r} (this tool reads 1)")
+    base = os.path.dirname(os.path.abspath(p))
+    models = doc.get("models")
+    if not isinstance(models, list) or not models:
+        raise SpecError(f"placement file {p!r}: 'models' must be a non-empty list")
+    triples = []
+    for k, m in enumerate(models):
+        if not isinstance(m, dict):
+            raise SpecError(f"placement file {p!r}: models[{k}] must be an object")
+        for key in ("config", "gpus"):
+            if key not in m:
+                raise SpecError(f"placement file {p!r}: models[{k}] is missing field {key!r}")
+        cfg = m["config"]
+        cfg_path = cfg if os.path.isabs(cfg) else os.path.join(base, cfg)
+        fp = read_model_footprint(cfg_path, name=m.get("name"), kv_cache_dtype=m.get("kv_cache_dtype"),
+                                  num_parameters=m.get("num_parameters"))
+        gpus = m["gpus"]
+        if not isinstance(gpus, list):
+            raise SpecError(f"placement file {p!r}: models[{k}].gpus must be a list of GPU indices")
+        triples.append((fp, gpus, m.get("tensor_parallel", len(gpus))))
+    mem = gpu_memory_gib if gpu_memory_gib is not None else doc.get("gpu_memory_gib")
+    if mem is None:
+        raise SpecError(f"placement file {p!r}: missing field 'gpu_memory_gib' (or pass --gpu-memory-gib)")
+    frac = memory_budget_fraction if memory_budget_fraction is not None else doc.get("memory_budget_fraction", 0.9)
+    return make_placement(triples, mem, frac, doc.get("reserved_gib_per_model_gpu", 0.0),
+                          doc.get("page_size_tokens", 1), str(doc.get("name", os.path.basename(p))))
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The common KV-token capacity and what each GPU and subserver gets."""
+
+    kv_token_capacity: int
+    binding_gpu: int
+    gpus: tuple[dict, ...]
+    subservers: tuple[dict, ...]
+    placement: Placement = field(compare=False)
+
+    def tokens_per_request(self, max_concurrency: int) -> int:
+        """Context tokens each of ``max_concurrency`` requests can keep in every model."""
+        return self.kv_token_capacity // max_concurrency
+
+
+def plan_kv_cache(placement: Placement) -> KVPlan:
+    """Largest common KV-token capacity ``T`` (see the module docstring) and the per-subserver shares."""
+    pl = placement
+    best, binding = None, -1
+    per_gpu = []
+    for g in range(pl.num_gpus):
+        ks = pl.models_on(g)
+        if not ks:
+            continue
+        budget = int(math.floor(pl.memory_budget_fraction * pl.gpu_memory_bytes[g]))
+        weights = sum(pl.models[k].footprint.weight_bytes_per_gpu(pl.models[k].tensor_parallel) for k in ks)
+        reserved = pl.reserved_bytes_per_model_gpu * len(ks)
+        kv = sum(pl.models[k].footprint.kv_bytes_per_token_per_gpu(pl.models[k].tensor_parallel) for k in ks)
+        free = budget - weights - reserved
+        names = ", ".join(pl.models[k].footprint.name for k in ks)
+        if free <= 0:
+            raise SpecError(f"placement cannot fit the weights: GPU {g} ({names}) needs {(weights + reserved) / GIB:.2f} "
+                            f"GiB for weights and reserves but its budget is {budget / GIB:.2f} GiB "
+                            f"({pl.memory_budget_fraction:g} x {pl.gpu_memory_bytes[g] / GIB:g} GiB)")
+        cap = free // kv
+        cap -= cap % pl.page_size_tokens
+        if cap < pl.page_size_tokens:
+            raise SpecError(f"placement leaves no KV cache on GPU {g} ({names}): {free} bytes free, "
+                            f"{kv} bytes per token, page of {pl.page_size_tokens} tokens")
+        per_gpu.append({"gpu": g, "models": [pl.models[k].footprint.name for k in ks], "shared": len(ks) > 1,
+                        "memory_bytes": pl.gpu_memory_bytes[g], "budget_bytes": budget, "weight_bytes": weights,
+                        "reserved_bytes": reserved, "kv_bytes_per_token": kv, "capacity_tokens": cap})
+        if best is None or cap < best:
+            best, binding = cap, g
+    assert best is not None
+    for row in per_gpu:
+        row["kv_bytes"] = best * row["kv_bytes_per_token"]
+        row["used_bytes"] = row["weight_bytes"] + row["reserved_bytes"] + row["kv_bytes"]
+        row["unused_budget_bytes"] = row["budget_bytes"] - row["used_bytes"]
+    subs = []
+    for k, m in enumerate(pl.models):
+        fp, tp = m.footprint, m.tensor_parallel
+        w = fp.weight_bytes_per_gpu(tp)
+        kv = fp.kv_bytes_per_token_per_gpu(tp)
+        static = w + pl.reserved_bytes_per_model_gpu + best * kv
+        gmem = min(pl.gpu_memory_bytes[g] for g in m.gpus)
+        frac = math.floor(static / gmem * 1e4) / 1e4
+        devices = ",".join(str(g) for g in m.gpus)
+        subs.append({
+            "model": fp.name, "gpus": list(m.gpus), "tensor_parallel": tp,
+            "weight_source": fp.weight_source, "num_parameters": fp.num_parameters,
+            "weight_bytes": fp.weight_bytes, "weight_bytes_per_gpu": w,
+            "kv_bytes_per_token": fp.kv_bytes_per_token, "kv_bytes_per_token_per_gpu": kv,
+            "kv_cache_bytes_per_gpu": best * kv, "static_bytes_per_gpu": static,
+            "memory_fraction": frac,
+            "launch_args": {
+                "sglang": ["--tp-size", str(tp), "--mem-fraction-static", f"{frac:.4f}",
+                           "--max-total-tokens", str(best)],
+                "vllm": ["--tensor-parallel-size", str(tp), "--gpu-memory-utilization", f"{frac:.4f}",
+                         "--kv-cache-memory-bytes", str(best * kv)],
+                "env": {"CUDA_VISIBLE_DEVICES": devices},
+            },
+        })
+    return KVPlan(best, binding, tuple(per_gpu), tuple(subs), pl)
+
+
+def plan_to_dict(plan: KVPlan, max_concurrency: int | None = None) -> dict:
+    """JSON form of a plan (``schema_version`` 1, byte counts in ``*_bytes`` keys)."""
+    pl = plan.placement
+    d = {"schema_version": 1, "name": pl.name, "kv_token_capacity": plan.kv_token_capacity,
+         "binding_gpu": plan.binding_gpu, "memory_budget_fraction": pl.memory_budget_fraction,
+         "page_size_tokens": pl.page_size_tokens, "reserved_bytes_per_model_gpu": pl.reserved_bytes_per_model_gpu,
+         "gpus": [dict(r) for r in plan.gpus], "subservers": [dict(s) for s in plan.subservers]}
+    if max_concurrency is not None:
+        d["max_concurrency"] = max_concurrency
+        d["tokens_per_request"] = plan.tokens_per_request(max_concurrency)
+    return d

@@ -1,0 +1,17 @@
+"""Reference runtime: asyncio subservers with TokenRouter's three loops and delayed batching.
+
+See :mod:`tr_model.runtime.core` for the design and the measurement rules and
+:mod:`tr_model.runtime.executors` for the step executors (emulated, torch).
+
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    ex = EmulatedExecutor(spec.latency_ms, time_scale=20)
+    res = measure_closed_loop(spec, 8, (1, 5), ex, duration_s=30, warmup_s=3)
+    res.throughput_tok_s        # tokens/s in the spec's time units
+"""
+
+from tr_model.runtime.core import (FixedThresholds, MatrixRouter, Request, RuntimeResult, Subserver,
+                                   TokenRouterRuntime, measure_closed_loop, run_closed_loop)
+from tr_model.runtime.executors import EmulatedExecutor, StepExecutor, torch_executor
+
+__all__ = ["FixedThresholds", "MatrixRouter", "Request", "RuntimeResult", "Subserver", "TokenRouterRuntime",
+           "measure_closed_loop", "run_closed_loop", "EmulatedExecutor", "StepExecutor", "torch_executor"]

@@ -1,0 +1,357 @@
+"""Reference asyncio runtime of token-level routed serving (TokenRouter, Section 4).
+
+One :class:`Subserver` per model, each running the paper's three decoupled loops
+as asyncio tasks in one event loop:
+
+* **client loop** (entry subserver, model 0): admits new client requests into
+  the local queue, announces each admission to every subserver, and completes
+  the client's response when a request finishes (on any subserver);
+* **decoding loop**: delayed batching -- when the model is idle and at least
+  ``B_i`` requests wait, it launches one batch with all of them (up to the
+  model's ``max_batch_size``), awaits the step executor, then routes every
+  request: the router draws the next model ``j`` from row ``P[i]`` and commits
+  ``C[i][j]`` tokens; a request that stays (``j == i``) re-joins the local
+  queue, one that leaves is marked *pending* and handed to the inter-model loop;
+* **inter-model loop**: sends peer requests to their destination's inbox,
+  receives peer requests (they re-join the local queue as if they never left:
+  the paper's handoff-and-resume) and control messages.
+
+*Global state tracking*: ``B_i`` is looked up in the thresholds table with
+the subserver's own view of the number of active requests; the view is kept
+consistent by +1/-1 control messages that travel on the same peer channel
+(every admission and every finish is announced to every subserver), so there
+is no central coordinator.  Whenever a message changes the view or the queue,
+the decoding loop re-evaluates its launch condition.
+
+Measurement, as in the paper (Section 5.1): ``N`` closed-loop clients, each
+issuing a new request as soon as its previous one completes.  After a warm-up,
+throughput = committed output tokens / elapsed time; per-request speed = mean
+over requests issued and finished inside the window of tokens / latency;
+admission latency of model i = mean time between a request's arrival in i's
+queue and the launch of the batch that takes it.  All times are divided by the
+executor's ``time_scale`` so that they are in the spec's units.
+
+A finished request is replaced by a new one at the entry model.  For the
+R2R/CITER/Co-LLM presets every committing step sends the request to model 0
+anyway, so the closed loop is exactly the delayed-batching chain with N
+requests; for other routing matrices the restart differs from the chain by
+O(1 / output length).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["Request", "MatrixRouter", "FixedThresholds", "Subserver", "TokenRouterRuntime", "RuntimeResult",
+           "run_closed_loop", "measure_closed_loop"]
+
+
+@dataclass(eq=False)
+class Request:
+    """A request's serving state; it lives in exactly one subserver queue, batch or channel at a time."""
+
+    rid: int
+    client: int
+    max_output_tokens: int
+    rng: random.Random
+    token_ids: list = field(default_factory=list)
+    committed: float = 0.0
+    model: int = 0
+    state: str = "waiting"  # waiting | running | pending | finished
+    created_at: float = 0.0
+    arrived_at: float = 0.0
+    finished_at: float | None = None
+    hops: int = 0
+    future: Any = None
+
+
+class MatrixRouter:
+    """Routes by the spec's matrices: next model ``j ~ P[i]``, ``C[i][j]`` tokens committed.
+
+    The draw uses the request's own random stream, so two runs with the same
+    seed make the same routing decisions request by request (common random
+    numbers: comparisons between threshold vectors are much less noisy).
+    """
+
+    def __init__(self, routing_matrix: Sequence[Sequence[float]], committed_tokens: Sequence[Sequence[float]]):
+        self.C = [list(map(float, r)) for r in committed_tokens]
+        self.cum = []
+        for row in routing_matrix:
+            acc, c = 0.0, []
+            for v in row:
+                acc += float(v)
+                c.append(acc)
+            c[-1] = math.inf  # rows sum to 1 within rounding; never fall off the end
+            self.cum.append(c)
+
+    def route(self, model: int, request: Request, token: int | None) -> tuple[int, float]:
+        j = bisect.bisect_right(self.cum[model], request.rng.random())
+        return j, self.C[model][j]
+
+
+class FixedThresholds:
+    """A constant threshold vector with the :class:`~tr_model.thresholds.ThresholdTable` lookup interface."""
+
+    def __init__(self, thresholds: Sequence[int]):
+        self.thresholds = tuple(int(b) for b in thresholds)
+        if any(b < 1 for b in self.thresholds):
+            raise ValueError(f"thresholds must be integers >= 1, got {list(thresholds)}")
+
+    def lookup(self, active_requests: int) -> tuple:
+        return self.thresholds
+
+
+class Subserver:
+    """One model's subserver: a queue, a view of the global active count, and three loops."""
+
+    def __init__(self, rt: "TokenRouterRuntime", index: int):
+        self.rt = rt
+        self.index = index
+        self.waiting: deque[Request] = deque()
+        self.channel: asyncio.Queue = asyncio.Queue()  # inter-model loop input: send / peer / ctl messages
+        self.client_events: asyncio.Queue = asyncio.Queue()  # client loop input (entry subserver)
+        self.wake = asyncio.Event()
+        self.active_view = 0
+        self.busy = False
+        self.cap = rt.max_batch_size[index]
+        # window statistics
+        self.steps = 0
+        self.batch_total = 0
+        self.wait_total_s = 0.0
+        self.waits = 0
+        self.busy_s = 0.0
+
+    def enqueue(self, req: Request, now: float) -> None:
+        req.model = self.index
+        req.state = "waiting"
+        req.arrived_at = now
+        self.waiting.append(req)
+        self.wake.set()
+
+    async def client_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            kind, req = await self.client_events.get()
+            if kind == "new":
+                self.rt.broadcast_active(+1)
+                self.enqueue(req, loop.time())
+            else:  # "done": stream the final response back to the client
+                if req.future is not None and not req.future.done():
+                    req.future.set_result(req)
+
+    async def decoding_loop(self) -> None:
+        rt, loop, i = self.rt, asyncio.get_running_loop(), self.index
+        while True:
+            while True:
+                b = rt.thresholds.lookup(self.active_view)[i]
+                if self.waiting and len(self.waiting) >= b:
+                    break
+                self.wake.clear()
+                await self.wake.wait()
+            take = len(self.waiting) if self.cap is None else min(self.cap, len(self.waiting))
+            batch = [self.waiting.popleft() for _ in range(take)]
+            t0 = loop.time()
+            in_window = rt.in_window(t0)
+            for r in batch:
+                r.state = "running"
+                if in_window:
+                    self.wait_total_s += t0 - r.arrived_at
+                    self.waits += 1
+            self.busy = True
+            tokens = await rt.executor.step(i, batch)
+            self.busy = False
+            t1 = loop.time()
+            if in_window:
+                self.steps += 1
+                self.batch_total += len(batch)
+            if rt.in_window(t1):
+                self.busy_s += t1 - max(t0, rt.t_start)
+            for k, r in enumerate(batch):
+                tok = None if tokens is None else tokens[k]
+                j, c = rt.router.route(i, r, tok)
+                if c > 0:
+                    r.committed += c
+                    if tok is not None:
+                        r.token_ids.append(int(tok))
+                    rt.record_commit(c, t1)
+                if r.committed >= r.max_output_tokens:
+                    rt.finish(r, t1)
+                elif j == i:
+                    self.enqueue(r, t1)
+                else:
+                    r.state = "pending"
+                    r.hops += 1
+                    self.channel.put_nowait(("send", j, r))
+
+    async def inter_model_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            msg = await self.channel.get()
+            if msg[0] == "send":
+                self.rt.subservers[msg[1]].channel.put_nowait(("peer", msg[2]))
+            elif msg[0] == "peer":
+                self.enqueue(msg[1], loop.time())
+            else:  # ("ctl", delta): admission or finish somewhere in the system
+                self.active_view += msg[1]
+                self.wake.set()
+
+
+@dataclass(frozen=True)
+class RuntimeResult:
+    """What a closed-loop run measured (times in the spec's units, i.e. divided by ``time_scale``)."""
+
+    n_clients: int
+    thresholds: str
+    time_scale: float
+    window_s: float
+    tokens: float
+    throughput_tok_s: float
+    per_request_tok_s: float
+    finished_requests: int
+    admission_latency_ms: tuple
+    mean_batch_size: tuple
+    steps: tuple
+    utilization: tuple
+    relative_timer_noise: float | None
+
+
+class TokenRouterRuntime:
+    """Subservers, their channels and the server interface (:meth:`submit`)."""
+
+    def __init__(self, num_models: int, thresholds: Any, executor: Any, router: Any,
+                 max_batch_size: Sequence[int | None] | None = None):
+        self.M = num_models
+        self.thresholds = thresholds
+        self.executor = executor
+        self.router = router
+        self.max_batch_size = list(max_batch_size) if max_batch_size is not None else [None] * num_models
+        self.time_scale = float(getattr(executor, "time_scale", 1.0))
+        self.t_start = math.inf
+        self.t_end = math.inf
+        self.tokens = 0.0
+        self.request_speeds: list[float] = []
+        self.subservers = [Subserver(self, i) for i in range(num_models)]
+        self.tasks: list[asyncio.Task] = []
+
+    def in_window(self, t: float) -> bool:
+        return self.t_start <= t <= self.t_end
+
+    def record_commit(self, c: float, t: float) -> None:
+        if self.in_window(t):
+            self.tokens += c
+
+    def broadcast_active(self, delta: int) -> None:
+        for s in self.subservers:
+            s.channel.put_nowait(("ctl", delta))
+
+    def finish(self, req: Request, t: float) -> None:
+        req.state = "finished"
+        req.finished_at = t
+        if req.created_at >= self.t_start and t <= self.t_end and t > req.created_at:
+            self.request_speeds.append(req.committed / ((t - req.created_at) / self.time_scale))
+        self.broadcast_active(-1)
+        self.subservers[0].client_events.put_nowait(("done", req))
+
+    async def submit(self, req: Request) -> Request:
+        """Server interface: hand a request to the entry subserver and wait for its completion."""
+        loop = asyncio.get_running_loop()
+        req.future = loop.create_future()
+        req.created_at = loop.time()
+        self.subservers[0].client_events.put_nowait(("new", req))
+        return await req.future
+
+    def start(self) -> None:
+        for s in self.subservers:
+            if s.index == 0:
+                self.tasks.append(asyncio.ensure_future(s.client_loop()))
+            self.tasks.append(asyncio.ensure_future(s.decoding_loop()))
+            self.tasks.append(asyncio.ensure_future(s.inter_model_loop()))
+
+
+async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: Any, *, duration_s: float,
+                          warmup_s: float = 0.0, max_output_tokens: int = 256, seed: int = 0,
+                          router: Any = None, prompt_len: int = 4, vocab_size: int = 1000) -> RuntimeResult:
+    """Run ``n_clients`` closed-loop clients against a fresh runtime for ``warmup_s + duration_s`` seconds.
+
+    ``thresholds``: a :class:`~tr_model.thresholds.ThresholdTable` (looked up
+    with each subserver's live active count) or a fixed vector.  ``duration_s``
+    and ``warmup_s`` are wall-clock seconds (already scaled).
+    """
+    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
+        raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
+    if not (duration_s > 0) or warmup_s < 0:
+        raise ValueError("duration_s must be > 0 and warmup_s >= 0")
+    if max_output_tokens < 1:
+        raise ValueError(f"max_output_tokens must be >= 1, got {max_output_tokens!r}")
+    if not hasattr(thresholds, "lookup"):
+        thresholds = FixedThresholds(thresholds)
+    M = spec.M
+    if isinstance(thresholds, FixedThresholds):
+        B = thresholds.thresholds
+        if len(B) != M:
+            raise ValueError(f"thresholds has {len(B)} entries, the spec has M = {M} models")
+        if sum(b - 1 for b in B) >= n_clients:
+            raise ValueError(f"thresholds {list(B)} are infeasible for N = {n_clients}: sum(B_i - 1) must be < N")
+    router = router or MatrixRouter(spec.routing_matrix, spec.committed_tokens)
+    rt = TokenRouterRuntime(M, thresholds, executor, router, spec.max_batch_size)
+    loop = asyncio.get_running_loop()
+    rt.start()
+    stop = False
+    seeds = random.Random(seed)
+    client_seeds = [seeds.getrandbits(64) for _ in range(n_clients)]
+
+    async def client(c: int) -> None:
+        seq = 0
+        while not stop:
+            rng = random.Random(client_seeds[c] * 1_000_003 + seq)
+            prompt = [rng.randrange(vocab_size) for _ in range(prompt_len)]
+            await rt.submit(Request(rid=c * 10_000_000 + seq, client=c, max_output_tokens=max_output_tokens,
+                                    rng=rng, token_ids=prompt))
+            seq += 1
+
+    clients = [asyncio.ensure_future(client(c)) for c in range(n_clients)]
+    t0 = loop.time()
+    rt.t_start = t0 + warmup_s
+    rt.t_end = rt.t_start + duration_s
+    everything = rt.tasks + clients
+    timer = asyncio.ensure_future(asyncio.sleep(rt.t_end - loop.time()))
+    try:
+        done, _ = await asyncio.wait(everything + [timer], return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not timer and t.exception() is not None:
+                raise t.exception()
+    finally:
+        stop = True
+        for t in everything + [timer]:
+            t.cancel()
+        await asyncio.gather(*everything, timer, return_exceptions=True)
+    window_model_s = duration_s / rt.time_scale
+    subs = rt.subservers
+    noise = getattr(executor, "relative_timer_noise", None)
+    return RuntimeResult(
+        n_clients=n_clients,
+        thresholds=str(list(thresholds.thresholds)) if isinstance(thresholds, FixedThresholds) else "table",
+        time_scale=rt.time_scale,
+        window_s=window_model_s,
+        tokens=rt.tokens,
+        throughput_tok_s=rt.tokens / window_model_s,
+        per_request_tok_s=(sum(rt.request_speeds) / len(rt.request_speeds)) if rt.request_speeds else math.nan,
+        finished_requests=len(rt.request_speeds),
+        admission_latency_ms=tuple((s.wait_total_s / s.waits) * 1000.0 / rt.time_scale if s.waits else math.nan
+                                   for s in subs),
+        mean_batch_size=tuple(s.batch_total / s.steps if s.steps else math.nan for s in subs),
+        steps=tuple(s.steps for s in subs),
+        utilization=tuple(min(1.0, s.busy_s / duration_s) for s in subs),
+        relative_timer_noise=noise,
+    )
+
+
+def measure_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: Any, **kw) -> RuntimeResult:
+    """Synchronous wrapper of :func:`run_closed_loop` (starts its own event loop)."""
+    return asyncio.run(run_closed_loop(spec, n_clients, thresholds, executor, **kw))

@@ -1,0 +1,79 @@
+"""Step executors: what one decoding step of a batch on one model costs.
+
+The runtime calls ``await executor.step(model, batch)`` from a subserver's
+decoding loop; the coroutine returns when the step is over, with the next token
+id of every request in the batch (or ``None`` when no real tokens exist).
+
+* :class:`EmulatedExecutor` sleeps ``L_i(b) * time_scale`` milliseconds, where
+  ``L_i(b)`` is the spec's step latency (constant or a batch-size curve).  It
+  sleeps until an absolute deadline so that event-loop lag does not accumulate
+  inside a step, and records how far each wake-up overshot the deadline: with
+  asyncio on Linux the overshoot is typically 0-1 ms (epoll's millisecond
+  timeout granularity), so ``time_scale`` must make the shortest step long
+  enough for the overshoot to be a small fraction (``time_scale = 20`` gives a
+  120 ms step for L = 6 ms, i.e. about 0.5 %).
+* ``profiler.runtime_executor.TorchExecutor`` (loaded lazily by
+  :func:`torch_executor`, since only ``profiler/`` may import torch) runs a
+  real forward pass of a causal LM per step, on CPU or CUDA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Sequence
+
+__all__ = ["StepExecutor", "EmulatedExecutor", "torch_executor"]
+
+
+class StepExecutor:
+    """Interface of a step executor (subclass it or duck-type ``step``)."""
+
+    async def step(self, model: int, batch: Sequence[Any]) -> list[int] | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources (threads, devices); the default has none."""
+
+
+class EmulatedExecutor(StepExecutor):
+    """Sleeps for the spec's step latency, stretched by ``time_scale``.
+
+    ``latency_ms``: a callable ``(model, batch_size) -> ms`` (for instance
+    ``spec.latency_ms``).  ``time_scale`` >= 1 multiplies every sleep; the
+    runtime divides measured times by the same factor, so results are in the
+    spec's time units.
+    """
+
+    def __init__(self, latency_ms: Callable[[int, int], float], time_scale: float = 1.0):
+        if not (time_scale > 0):
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        self.latency_ms = latency_ms
+        self.time_scale = float(time_scale)
+        self.overshoot_s_total = 0.0
+        self.nominal_s_total = 0.0
+        self.steps = 0
+
+    async def step(self, model: int, batch: Sequence[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        nominal = self.latency_ms(model, len(batch)) * self.time_scale / 1000.0
+        deadline = loop.time() + nominal
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.sleep(left)
+        self.overshoot_s_total += loop.time() - deadline
+        self.nominal_s_total += nominal
+        self.steps += 1
+        return None
+
+    @property
+    def relative_timer_noise(self) -> float:
+        """Mean overshoot of a step's end over its nominal length, as a fraction of the mean step."""
+        return self.overshoot_s_total / self.nominal_s_total if self.nominal_s_total else 0.0
+
+
+def torch_executor(*args, **kwargs):
+    """Build ``profiler.runtime_executor.TorchExecutor`` (imports torch only when called)."""
+    from profiler.runtime_executor import TorchExecutor
+    return TorchExecutor(*args, **kwargs)

@@ -8,6 +8,8 @@ latency distributions and per-request speed.
 
 from simulator.engine import (CI_BATCHES, DEFAULT_STEPS, LatencySummary, SimulationResult, simulate,
                               validate_thresholds)
+from simulator.ranking import (Ranking, RankedCandidate, SimulatedOptimum, feasible_thresholds,
+                               optimize_by_simulation, paired_difference, rank_candidates)
 from simulator.traces import (RoutingTrace, bimodal_run_length_pmf, generate_trace, read_trace, run_lengths,
                               trace_from_records, write_trace)
 
@@ -15,4 +17,6 @@ __all__ = [
     "CI_BATCHES", "DEFAULT_STEPS", "LatencySummary", "SimulationResult", "simulate", "validate_thresholds",
     "RoutingTrace", "bimodal_run_length_pmf", "generate_trace", "read_trace", "run_lengths",
     "trace_from_records", "write_trace",
+    "Ranking", "RankedCandidate", "SimulatedOptimum", "feasible_thresholds", "optimize_by_simulation",
+    "paired_difference", "rank_candidates",
 ]

@@ -1,0 +1,541 @@
+"""Per-step latency ``L_i(b)`` of one model, measured the way a serving runtime sees it.
+
+Two step shapes, each over a KV cache of ``context`` tokens per request:
+
+* ``decode`` -- every request of the batch appends one token (``T = 1``);
+* ``extend`` -- every request appends ``T = extend_tokens`` tokens at once: the
+  handoff path of token routing, where a request coming back from a peer model
+  brings the peer's tokens and the local model must absorb them before it
+  decodes again (the TokenRouter paper, Appendix B, finds this path dominant).
+
+The context stays fixed while timing: after every timed step the cache is
+rewound by ``T`` tokens (``cache.crop(-T)``, outside the timed region), so all
+samples of one batch size see the same attention length.
+
+Timing.  On CUDA a pair of CUDA events is recorded around every step and all
+events are resolved after the loop (one synchronize per batch size, none inside
+the timed loop); ``warmup`` untimed steps run first.  With ``cuda_graph`` the
+step is captured once into a CUDA graph over a static cache and replayed.  On
+CPU ``time.perf_counter`` brackets each step and no ``torch.cuda`` function is
+called.
+
+Statistics per batch size: min, median, mean, p90 (linear interpolation), the
+sample standard deviation and the count.  The affine law ``L(b) = a + c b`` is
+fitted by least squares to the per-batch medians, with
+``R^2 = 1 - SS_res / SS_tot`` (1 when every median is equal and fitted exactly).
+
+Memory figures: ``weight_bytes`` (sum over parameters of numel x element size),
+``kv_bytes_per_token`` from the config (``2 x layers x kv_heads x head_dim x
+dtype bytes``), and on CUDA the allocator peak per batch size and the measured
+cache bytes per token.
+
+torch and transformers are imported lazily: importing this module is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from tr_model.errors import TRError
+
+LATENCY_SCHEMA_VERSION = 1
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+MODES = ("decode", "extend")
+_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
+                         "_attn_implementation_autoset", "architectures"}
+
+__all__ = ["ProfileError", "BatchStats", "AffineFit", "LatencyProfile", "load_model", "profile_latency",
+           "measure_timing_overhead", "summarize_samples", "fit_affine", "load_latency_profile",
+           "config_sha256", "kv_bytes_per_token"]
+
+
+class ProfileError(TRError, ValueError):
+    """A profiling request is invalid or cannot run here; the message names the flag or file."""
+
+
+def _torch():
+    try:
+        import torch
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ProfileError(f"this command needs torch and transformers (pip install 'tokenrouter-model[profile]'): "
+                           f"{e}") from None
+    return torch, transformers
+
+
+# ----------------------------------------------------------------------------
+# statistics (numpy only)
+
+@dataclass(frozen=True)
+class BatchStats:
+    batch_size: int
+    count: int
+    min_ms: float
+    median_ms: float
+    mean_ms: float
+    p90_ms: float
+    std_ms: float
+    peak_allocated_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class AffineFit:
+    intercept_ms: float
+    per_request_ms: float
+    r_squared: float
+
+
+def summarize_samples(batch_size: int, samples_ms: Sequence[float], peak: int | None = None) -> BatchStats:
+    x = np.asarray(samples_ms, dtype=np.float64)
+    if x.size == 0:
+        raise ProfileError("no timing samples")
+    return BatchStats(int(batch_size), int(x.size), float(x.min()), float(np.median(x)), float(x.mean()),
+                      float(np.percentile(x, 90)), float(x.std(ddof=1)) if x.size > 1 else 0.0, peak)
+
+
+def fit_affine(batch_sizes: Sequence[float], latency_ms: Sequence[float]) -> AffineFit | None:
+    """Least-squares ``a + c b`` through the points; None with fewer than 2 distinct batch sizes."""
+    b = np.asarray(batch_sizes, dtype=np.float64)
+    y = np.asarray(latency_ms, dtype=np.float64)
+    if np.unique(b).size < 2:
+        return None
+    A = np.column_stack([np.ones_like(b), b])
+    (a, c), *_ = np.linalg.lstsq(A, y, rcond=None)
+    res = y - (a + c * b)
+    ss_res = float(res @ res)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res <= 1e-24 else 0.0)
+    return AffineFit(float(a), float(c), float(r2))
+
+
+# ----------------------------------------------------------------------------
+# profile document
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    model: str
+    config_sha256: str
+    device: str
+    dtype: str
+    mode: str
+    context_tokens: int
+    extend_tokens: int
+    cuda_graph: bool
+    warmup_steps: int
+    timed_steps: int
+    batches: tuple[BatchStats, ...]
+    fit: AffineFit | None
+    weight_bytes: int
+    kv_bytes_per_token: int | None
+    measured_kv_bytes_per_token: float | None = None
+    timing: str = "perf_counter"
+    timing_overhead: dict | None = None
+    tool_version: str = ""
+    torch_version: str = ""
+    transformers_version: str = ""
+    arguments: dict = field(default_factory=dict)
+    created_utc: str = ""
+
+    def median_ms(self) -> dict[int, float]:
+        return {s.batch_size: s.median_ms for s in self.batches}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["batches"] = [asdict(s) for s in self.batches]
+        d["fit"] = asdict(self.fit) if self.fit else None
+        return {"schema_version": LATENCY_SCHEMA_VERSION, "kind": "latency_profile", **d}
+
+
+def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
+    """Read a profile JSON written by ``tr-profile latency``."""
+    path = os.fspath(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise ProfileError(f"latency profile {path!r} does not exist") from None
+    except OSError as e:
+        raise ProfileError(f"cannot read latency profile {path!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"latency profile {path!r} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("kind") != "latency_profile":
+        raise ProfileError(f"{path}: not a latency profile (expected \"kind\": \"latency_profile\")")
+    if d.get("schema_version") != LATENCY_SCHEMA_VERSION:
+        raise ProfileError(f"{path}: unsupported schema_version {d.get('schema_version')!r}")
+    try:
+        batches = tuple(BatchStats(**b) for b in d["batches"])
+        fit = AffineFit(**d["fit"]) if d.get("fit") else None
+        kw = {k: v for k, v in d.items() if k not in ("schema_version", "kind", "batches", "fit")}
+        prof = LatencyProfile(batches=batches, fit=fit, **kw)
+    except (KeyError, TypeError) as e:
+        raise ProfileError(f"{path}: malformed latency profile ({e})") from None
+    if not prof.batches:
+        raise ProfileError(f"{path}: latency profile has no batch sizes")
+    for s in prof.batches:
+        if not (s.median_ms > 0 and math.isfinite(s.median_ms)):
+            raise ProfileError(f"{path}: median_ms of batch size {s.batch_size} must be > 0")
+    return prof
+
+
+# ----------------------------------------------------------------------------
+# models
+
+def config_sha256(config: Any) -> str:
+    """SHA-256 of the architecture fields of a transformers config (canonical JSON)."""
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    d = {k: v for k, v in d.items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def kv_bytes_per_token(config: Any, dtype: str) -> int | None:
+    """KV-cache bytes per token: 2 (K and V) x layers x kv heads x head dim x dtype bytes."""
+    c = _text_config(config)
+    layers = getattr(c, "num_hidden_layers", None)
+    heads = getattr(c, "num_attention_heads", None)
+    hidden = getattr(c, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return None
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or hidden // heads
+    return int(2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype])
+
+
+def _read_config_dict(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise ProfileError(f"config file {path!r} does not exist") from None
+    except OSError as e:
+        raise ProfileError(f"cannot read config file {path!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"config file {path!r} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise ProfileError(f"config file {path!r} needs a \"model_type\" field (e.g. \"llama\", \"qwen2\")")
+    return d
+
+
+def resolve_device(device: str) -> str:
+    torch, _ = _torch()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ProfileError(f"--device {device}: CUDA is not available on this machine")
+        return device
+    if device != "cpu":
+        raise ProfileError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    return device
+
+
+def load_model(model_path: str | None = None, config_path: str | None = None, *, dtype: str = "fp32",
+               device: str = "cpu", seed: int = 0):
+    """Load a causal LM from a local HF folder (real weights) or build it from a config (random weights).
+
+    Never contacts a hub (``local_files_only``).  Returns ``(model, name)``.
+    """
+    if (model_path is None) == (config_path is None):
+        raise ProfileError("give exactly one of --model PATH or --config FILE")
+    if dtype not in DTYPES:
+        raise ProfileError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    torch, transformers = _torch()
+    tdtype = getattr(torch, DTYPES[dtype])
+    if model_path is not None:
+        if not os.path.isdir(model_path):
+            raise ProfileError(f"--model {model_path!r} is not a directory (a local Hugging Face model folder)")
+        if not os.path.exists(os.path.join(model_path, "config.json")):
+            raise ProfileError(f"--model {model_path!r} has no config.json")
+        try:
+            try:
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    model_path, dtype=tdtype, local_files_only=True)
+            except TypeError:
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    model_path, torch_dtype=tdtype, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ProfileError(f"cannot load model from {model_path!r}: {str(e).splitlines()[0]}") from None
+        model = model.to(device)
+        name = os.path.basename(os.path.normpath(model_path))
+    else:
+        d = _read_config_dict(config_path)
+        mt = d.pop("model_type")
+        try:
+            cfg = transformers.AutoConfig.for_model(mt, **d)
+        except (ValueError, KeyError) as e:
+            raise ProfileError(f"config {config_path!r}: {str(e).splitlines()[0]}") from None
+        torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                try:
+                    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=tdtype)
+                except TypeError:
+                    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=tdtype)
+        except ValueError as e:
+            raise ProfileError(f"config {config_path!r}: {str(e).splitlines()[0]}") from None
+        model = model.to(device=device, dtype=tdtype)
+        name = os.path.splitext(os.path.basename(os.path.normpath(config_path)))[0]
+        if name == "config":
+            name = os.path.basename(os.path.dirname(os.path.abspath(config_path)))
+    model.eval()
+    return model, name
+
+
+def _forward_kwargs(model) -> tuple[str, dict]:
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    extra: dict = {"use_cache": True}
+    if "logits_to_keep" in params:
+        extra["logits_to_keep"] = 1
+    elif "num_logits_to_keep" in params:
+        extra["num_logits_to_keep"] = 1
+    return cache_kw, extra
+
+
+def _vocab_size(model) -> int:
+    c = _text_config(model.config)
+    v = getattr(c, "vocab_size", None)
+    if not v:
+        raise ProfileError("model config has no vocab_size")
+    return int(v)
+
+
+class _Stepper:
+    """One batch size: a KV cache holding ``context`` tokens per request and a step appending ``T`` tokens."""
+
+    def __init__(self, model, batch_size: int, context: int, T: int, *, static: bool, device: str, seed: int):
+        torch, transformers = _torch()
+        self.torch = torch
+        self.model = model
+        self.T = T
+        self.context = context
+        cache_kw, extra = _forward_kwargs(model)
+        vocab = _vocab_size(model)
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        ids_ctx = torch.randint(0, vocab, (batch_size, max(context, 1)), generator=g).to(device)
+        self.ids = torch.randint(0, vocab, (batch_size, T), generator=g).to(device)
+        if static:
+            self.cache = transformers.StaticCache(config=model.config, max_cache_len=context + T)
+        else:
+            self.cache = transformers.DynamicCache()
+        self.kw = {cache_kw: self.cache, **extra}
+        with torch.inference_mode():
+            if context > 0:
+                out = model(input_ids=ids_ctx[:, :context], **self.kw)
+                del out
+        self.graph = None
+        self.out = None
+
+    def rewind(self) -> None:
+        # negative crop = remove tokens (transformers >= 4.4x); static caches only move their write index
+        self.cache.crop(-self.T)
+
+    def eager_step(self):
+        with self.torch.inference_mode():
+            return self.model(input_ids=self.ids, **self.kw)
+
+    def capture(self, warmup: int) -> None:
+        torch = self.torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(max(2, warmup)):
+                self.eager_step()
+                self.rewind()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            with torch.cuda.graph(self.graph):
+                self.out = self.model(input_ids=self.ids, **self.kw)
+        self.rewind()
+
+    def step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.out = self.eager_step()
+
+
+def _time_steps(stepper: _Stepper, n: int, cuda: bool) -> list[float]:
+    if cuda:
+        torch = stepper.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        torch.cuda.synchronize()
+        for k in range(n):
+            starts[k].record()
+            stepper.step()
+            ends[k].record()
+            stepper.rewind()  # after the end event: not timed
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        stepper.step()
+        t1 = time.perf_counter()
+        stepper.rewind()
+        out.append((t1 - t0) * 1e3)
+    return out
+
+
+def measure_timing_overhead(stepper: _Stepper, n: int, cuda: bool, repeats: int = 5) -> dict:
+    """Relative cost of timing every step (events or perf_counter) against an untimed loop.
+
+    Alternates ``repeats`` times: a loop of ``n`` steps bracketed once, and the
+    same loop with per-step timing, also bracketed once; reports the medians of
+    the per-step wall times and ``overhead = timed / untimed - 1``.
+    """
+    torch = stepper.torch
+    plain, timed = [], []
+
+    def bracket(fn):
+        if cuda:
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b) / n
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    def loop_plain():
+        for _ in range(n):
+            stepper.step()
+            stepper.rewind()
+
+    def loop_timed():
+        if cuda:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for k in range(n):
+                starts[k].record()
+                stepper.step()
+                ends[k].record()
+                stepper.rewind()
+        else:
+            acc = 0.0
+            for _ in range(n):
+                t0 = time.perf_counter()
+                stepper.step()
+                acc += time.perf_counter() - t0
+                stepper.rewind()
+
+    for _ in range(repeats):
+        plain.append(bracket(loop_plain))
+        timed.append(bracket(loop_timed))
+    p, t = float(np.median(plain)), float(np.median(timed))
+    return {"method": "cuda_events" if cuda else "perf_counter", "steps_per_loop": n, "repeats": repeats,
+            "untimed_step_ms": p, "timed_step_ms": t, "overhead": t / p - 1.0 if p > 0 else None}
+
+
+def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str = "decode", context: int = 128,
+                    extend_tokens: int = 8, warmup: int = 3, steps: int = 20, cuda_graph: bool = False,
+                    device: str = "cpu", dtype: str = "fp32", seed: int = 0, measure_overhead: bool = False,
+                    arguments: dict | None = None, progress=None) -> LatencyProfile:
+    """Time ``steps`` steps per batch size after ``warmup`` untimed ones; see the module docstring."""
+    if mode not in MODES:
+        raise ProfileError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    sizes = [int(b) for b in batch_sizes]
+    if not sizes:
+        raise ProfileError("--batch-sizes needs at least one value")
+    for b in sizes:
+        if b < 1:
+            raise ProfileError(f"--batch-sizes entries must be >= 1, got {b}")
+    if context < 0:
+        raise ProfileError(f"--context must be >= 0 tokens, got {context}")
+    if mode == "extend" and extend_tokens < 1:
+        raise ProfileError(f"--extend-tokens must be >= 1, got {extend_tokens}")
+    if mode == "decode" and context < 1:
+        raise ProfileError("--context must be >= 1 token in decode mode")
+    if steps < 1 or warmup < 0:
+        raise ProfileError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
+    torch, transformers = _torch()
+    cuda = device.startswith("cuda")
+    if cuda_graph and not cuda:
+        raise ProfileError("--cuda-graph needs a CUDA device")
+    T = 1 if mode == "decode" else int(extend_tokens)
+    sizes = sorted(set(sizes))
+    stats: list[BatchStats] = []
+    measured_kv = None
+    overhead = None
+    for k, b in enumerate(sizes):
+        peak = None
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        stepper = _Stepper(model, b, context, T, static=cuda_graph, device=device, seed=seed + k)
+        if cuda:
+            torch.cuda.synchronize()
+            if k == 0 and cuda_graph:
+                measured_kv = (torch.cuda.memory_allocated() - before) / (b * (context + T))
+        try:
+            if cuda_graph:
+                try:
+                    stepper.capture(warmup)
+                except RuntimeError as e:
+                    raise ProfileError(f"CUDA graph capture failed for batch size {b} "
+                                       f"({str(e).splitlines()[0]}); run without --cuda-graph") from None
+            for _ in range(warmup):
+                stepper.step()
+                stepper.rewind()
+            samples = _time_steps(stepper, steps, cuda)
+            if cuda:
+                peak = int(torch.cuda.max_memory_allocated())
+                if measured_kv is None:
+                    measured_kv = None  # dynamic caches over-allocate; only the static figure is exact
+            if measure_overhead and k == 0:
+                overhead = measure_timing_overhead(stepper, max(steps, 20), cuda)
+        finally:
+            del stepper
+        stats.append(summarize_samples(b, samples, peak))
+        if progress:
+            progress(stats[-1])
+    fit = fit_affine([s.batch_size for s in stats], [s.median_ms for s in stats])
+    dev_name = torch.cuda.get_device_name(torch.device(device)) if cuda else _cpu_name()
+    from profiler import __version__
+    return LatencyProfile(
+        model=name, config_sha256=config_sha256(model.config), device=dev_name, dtype=dtype, mode=mode,
+        context_tokens=int(context), extend_tokens=int(T), cuda_graph=bool(cuda_graph), warmup_steps=int(warmup),
+        timed_steps=int(steps), batches=tuple(stats), fit=fit,
+        weight_bytes=int(sum(p.numel() * p.element_size() for p in model.parameters())),
+        kv_bytes_per_token=kv_bytes_per_token(model.config, dtype), measured_kv_bytes_per_token=measured_kv,
+        timing="cuda_events" if cuda else "perf_counter", timing_overhead=overhead, tool_version=__version__,
+        torch_version=torch.__version__, transformers_version=transformers.__version__,
+        arguments=dict(arguments or {}), created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def _cpu_name() -> str:
+    import platform
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", "r") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"cpu ({name}, {os.cpu_count()} cores)"

@@ -303,6 +303,7 @@ async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: 
     loop = asyncio.get_running_loop()
     rt.start()
     stop = False
+    vocab_size = getattr(executor, "vocab_size", None) or vocab_size
     seeds = random.Random(seed)
     client_seeds = [seeds.getrandbits(64) for _ in range(n_clients)]
 

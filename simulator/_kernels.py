@@ -75,8 +75,9 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
     measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
 
     Returns ``(status, bin_tok, bin_ms, bin_steps, wait_area, busy_area,
-    adm_cnt, adm_sum, adm_zero, hist, launches, launched, completions,
-    sojourn_sum, total_steps)``; status 0 ok, 1 deadlock (no model can run).
+    serv_area, adm_cnt, adm_sum, adm_zero, hist, launches, launched,
+    max_batch, completions, sojourn_sum, total_steps)``; status 0 ok, 1
+    deadlock (no model can run).  Areas are time integrals (request-ms or ms).
     """
     M = thresh.shape[0]
     N = n_req
@@ -106,6 +107,8 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
     bin_steps = np.zeros(n_bins, np.int64)
     wait_area = np.zeros(M)
     busy_area = np.zeros(M)
+    serv_area = np.zeros(M)
+    max_batch = np.zeros(M, np.int64)
     adm_cnt = np.zeros(M, np.int64)
     adm_sum = np.zeros(M)
     adm_zero = np.zeros(M, np.int64)
@@ -180,6 +183,8 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
                 if measuring:
                     launches[j] += 1
                     launched[j] += b
+                    if b > max_batch[j]:
+                        max_batch[j] = b
 
         # next completion epoch
         tau = np.inf
@@ -194,6 +199,7 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
                 wait_area[i] += qk[i] * tau
                 if bs[i] > 0:
                     busy_area[i] += tau
+                    serv_area[i] += bs[i] * tau
         now += tau
         for i in range(M):
             done[i] = False
@@ -275,5 +281,5 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
             t0 = now
             s0 = total_steps
 
-    return (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, adm_cnt, adm_sum, adm_zero,
-            hist, launches, launched, completions, sojourn_sum, total_steps)
+    return (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero,
+            hist, launches, launched, max_batch, completions, sojourn_sum, total_steps)

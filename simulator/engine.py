@@ -84,7 +84,10 @@ class SimulationResult:
     admission_latency_ms: tuple
     admission: tuple
     mean_waiting: tuple
+    mean_in_service: tuple
     mean_batch_size: tuple
+    max_batch_size: tuple
+    launches: tuple
     utilization: tuple
     completed_requests: int
     mean_request_time_ms: float
@@ -114,7 +117,8 @@ class SimulationResult:
         d = asdict(self)
         d["B"] = list(self.B)
         d["admission"] = [asdict(a) for a in self.admission]
-        for k in ("admission_latency_ms", "mean_waiting", "mean_batch_size", "utilization", "caps",
+        for k in ("admission_latency_ms", "mean_waiting", "mean_in_service", "mean_batch_size", "max_batch_size",
+                  "launches", "utilization", "caps",
                   "batch_tokens", "batch_ms"):
             d[k] = list(d[k])
         d["schema_version"] = 1
@@ -276,8 +280,8 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
                           warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,
                           HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS)
     wall = time.perf_counter() - t_start
-    (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, adm_cnt, adm_sum, adm_zero, hist,
-     launches, launched, completions, sojourn_sum, total_steps) = out
+    (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero, hist,
+     launches, launched, max_batch, completions, sojourn_sum, total_steps) = out
     if status != 0:
         raise SpecError(f"the simulation deadlocked with B = {Bt} (no model could launch)")
     ms_total = float(bin_ms.sum())
@@ -303,7 +307,10 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         ci_batches=int(np.count_nonzero(bm > 0)), batch_lag1_autocorr=lag1,
         admission_latency_ms=tuple(a.mean_ms for a in adm), admission=tuple(adm),
         mean_waiting=tuple(float(w / ms_total) for w in wait_area),
+        mean_in_service=tuple(float(x / ms_total) for x in serv_area),
         mean_batch_size=tuple(float(launched[i] / launches[i]) if launches[i] else float("nan") for i in range(M)),
+        max_batch_size=tuple(int(x) for x in max_batch),
+        launches=tuple(int(x) for x in launches),
         utilization=tuple(float(b / ms_total) for b in busy_area),
         completed_requests=int(completions),
         mean_request_time_ms=float(sojourn_sum / completions) if completions else float("nan"),

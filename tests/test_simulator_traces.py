@@ -1,0 +1,110 @@
+"""Trace-driven simulation: JSONL reading/validation, renewal closed form, geometric trace = P routing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tr_model.errors import SpecError
+from tr_model.spec import preset
+from simulator import (bimodal_run_length_pmf, generate_trace, read_trace, run_lengths, simulate,
+                       trace_from_records, write_trace)
+
+R2R = preset("r2r", [6.0, 27.9], p=0.35)
+
+
+def _renewal_throughput(spec, tr) -> float:
+    # N = 1 replaying uniformly sampled recorded requests: E[tokens per request] / E[time per request]
+    ms = sum(spec.latency_ms(int(m), 1) for m in tr.model)
+    return 1000.0 * float(tr.committed_tokens.sum()) / ms
+
+
+def test_jsonl_round_trip_and_grouping(tmp_path):
+    recs = [
+        {"request_id": "b", "step": 1, "model": 1, "next_model": 0, "committed_tokens": 0},
+        {"request_id": "a", "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1},
+        {"request_id": "b", "step": 0, "model": 0, "next_model": 1, "committed_tokens": 0},
+        {"request_id": "a", "step": 1, "model": 0, "next_model": 1, "committed_tokens": 1.5},
+    ]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
+    tr = read_trace(p)
+    assert tr.n_requests == 2 and tr.n_steps == 4
+    assert list(tr.offsets) == [0, 2, 4]
+    by_id = {rid: k for k, rid in enumerate(tr.request_ids)}
+    a, b = by_id["a"], by_id["b"]
+    assert list(tr.model[tr.offsets[b]:tr.offsets[b + 1]]) == [0, 1]
+    assert list(tr.next_model[tr.offsets[a]:tr.offsets[a + 1]]) == [0, 1]
+    assert list(tr.committed_tokens[tr.offsets[a]:tr.offsets[a + 1]]) == [1.0, 1.5]
+    out = tmp_path / "back.jsonl"
+    write_trace(tr, out)
+    tr2 = read_trace(out)
+    assert np.array_equal(tr.model, tr2.model) and np.array_equal(tr.committed_tokens, tr2.committed_tokens)
+
+
+@pytest.mark.parametrize("lines,needle", [
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1}', "{not json"], "line 2"),
+    (['{"request_id": 1, "step": 1, "model": 0, "next_model": 0}'], "without gaps"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1}',
+      '{"request_id": 1, "step": 1, "model": 0, "next_model": 0}'], "next_model 1"),
+    (['{"request_id": 1, "step": 0, "model": -1, "next_model": 0}'], "'model'"),
+    (['{"request_id": 1, "step": 0, "model": 0}'], "next_model"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 0, "committed_tokens": -2}'], "committed_tokens"),
+])
+def test_bad_traces_are_rejected_with_a_reason(tmp_path, lines, needle):
+    p = tmp_path / "bad.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as e:
+        read_trace(p)
+    assert needle in str(e.value)
+
+
+def test_trace_model_out_of_range_for_spec():
+    tr = trace_from_records([{"request_id": 0, "step": 0, "model": 2, "next_model": 0}])
+    with pytest.raises(SpecError, match="M = 2"):
+        simulate(R2R, 2, (1, 1), trace=tr, steps=1000)
+
+
+@pytest.mark.parametrize("bursty", [False, True])
+def test_single_request_trace_matches_renewal_formula(bursty):
+    pmf = {0: bimodal_run_length_pmf(1 / 0.35, short=1, long=10)} if bursty else None
+    tr = generate_trace(R2R, 400, 30, run_length_pmf=pmf, seed=3)
+    exact = _renewal_throughput(R2R, tr)
+    r = simulate(R2R, 1, (1, 1), trace=tr, steps=500_000, seed=1)
+    assert abs(r.throughput_tok_s - exact) <= 1.3 * r.throughput_ci95_tok_s
+    assert r.completed_requests > 0
+    assert r.method == "simulate:trace"
+
+
+def test_generated_run_lengths_follow_the_requested_law():
+    pmf = bimodal_run_length_pmf(1 / 0.35, short=1, long=10)
+    assert pmf.sum() == pytest.approx(1.0) and (np.arange(1, 11) * pmf).sum() == pytest.approx(1 / 0.35)
+    tr = generate_trace(R2R, 3000, 40, run_length_pmf={0: pmf}, end_at_entry=False, seed=0)
+    lens = run_lengths(tr, 0)
+    # runs cut by the end of a request can be shorter; the others take only the values 1 and 10
+    full = lens[lens != 0]
+    share_1_or_10 = np.isin(full, [1, 10]).mean()
+    assert share_1_or_10 > 0.85
+    # the LLM's runs stay of length 1 (P[1][1] = 0)
+    assert set(run_lengths(tr, 1).tolist()) == {1}
+
+
+def test_geometric_trace_reproduces_p_routing():
+    # a trace drawn from P and cut only when the next model is the entry model replays the chain of P
+    tr = generate_trace(R2R, 5000, 50, seed=7)
+    N, B = 4, (1, 2)
+    a = simulate(R2R, N, B, trace=tr, steps=1_500_000, seed=1)
+    b = simulate(R2R, N, B, steps=1_500_000, seed=2)
+    # independent runs: the difference has half-width sqrt(h_a^2 + h_b^2); add 0.2% for the finite trace
+    tol = float(np.hypot(a.throughput_ci95_tok_s, b.throughput_ci95_tok_s)) + 0.002 * b.throughput_tok_s
+    assert abs(a.throughput_tok_s - b.throughput_tok_s) <= tol
+    for i in range(2):
+        assert a.mean_waiting[i] == pytest.approx(b.mean_waiting[i], rel=0.05, abs=0.01)
+
+
+def test_request_tokens_is_refused_with_a_trace():
+    tr = generate_trace(R2R, 10, 5, seed=0)
+    with pytest.raises(SpecError, match="request_tokens"):
+        simulate(R2R, 2, (1, 1), trace=tr, request_tokens=10)

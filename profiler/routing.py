@@ -86,8 +86,8 @@ def wilson_interval(k, n, z: float = Z95):
         den = 1.0 + z2 / n
         center = (p + z2 / (2 * n)) / den
         half = z / den * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-        lo = np.clip(center - half, 0.0, 1.0)
-        hi = np.clip(center + half, 0.0, 1.0)
+        lo = np.where(k <= 0, 0.0, np.clip(center - half, 0.0, 1.0))
+        hi = np.where(k >= n, 1.0, np.clip(center + half, 0.0, 1.0))
     lo = np.where(n > 0, lo, np.nan)
     hi = np.where(n > 0, hi, np.nan)
     return lo, hi

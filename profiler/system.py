@@ -1,0 +1,124 @@
+"""From measured latencies and a routing estimate to a complete system spec.
+
+Latencies enter the spec on the ``delta_ms`` grid of the throughput model: every
+measured median is rounded to the nearest positive multiple of ``delta_ms``
+(at least one quantum) and the raw figures, the rounded ones and the relative
+rounding error are kept in ``provenance.latency``.  Three forms:
+
+* ``constant``: ``L_i`` = median at the smallest profiled batch size (or at
+  ``at_batch_size`` when given), the paper's batch-independent model;
+* ``table``: ``latency_curves[i] = LatencyCurve('table', batch sizes, medians)``
+  (the spec interpolates linearly between profiled sizes and is flat beyond);
+  ``step_latency_ms[i]`` is the table's first entry;
+* ``affine``: ``a_i + c_i b`` from the profile's least-squares fit (falls back
+  to ``table`` when the fit is missing or has a negative slope).
+
+The routing matrices come from :mod:`profiler.routing`; their intervals,
+goodness-of-fit tests and request spread go to ``provenance.routing``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from profiler.latency import LatencyProfile, ProfileError
+from profiler.routing import RoutingEstimate, routing_provenance, spec_matrices
+from tr_model.spec import LatencyCurve, SystemSpec, make_spec
+
+CURVES = ("table", "constant", "affine")
+
+__all__ = ["CURVES", "round_to_grid", "latency_fields", "build_system_spec"]
+
+
+def round_to_grid(value_ms: float, delta_ms: float) -> float:
+    q = max(1, int(round(value_ms / delta_ms)))
+    return float(round(q * delta_ms, 12))
+
+
+def latency_fields(profiles: Sequence[LatencyProfile], *, delta_ms: float, curve: str = "table",
+                   at_batch_size: int | None = None):
+    """``(step_latency_ms, latency_curves or None, provenance list)`` for the spec."""
+    if curve not in CURVES:
+        raise ProfileError(f"--latency-curve must be one of {', '.join(CURVES)}, got {curve!r}")
+    if not delta_ms > 0:
+        raise ProfileError(f"--delta-ms must be > 0, got {delta_ms}")
+    L: list[float] = []
+    curves: list[LatencyCurve | None] = []
+    prov: list[dict] = []
+    for i, prof in enumerate(profiles):
+        med = prof.median_ms()
+        sizes = sorted(med)
+        if at_batch_size is not None:
+            if at_batch_size not in med:
+                raise ProfileError(f"--latency-batch-size {at_batch_size} was not profiled for model {i} "
+                                   f"({prof.model}); profiled sizes: {', '.join(map(str, sizes))}")
+            b0 = at_batch_size
+        else:
+            b0 = sizes[0]
+        rounded = {b: round_to_grid(med[b], delta_ms) for b in sizes}
+        kind = curve
+        if kind == "affine" and (prof.fit is None or prof.fit.per_request_ms < 0
+                                 or prof.fit.intercept_ms + prof.fit.per_request_ms <= 0):
+            kind = "table"
+        if kind == "table" and len(sizes) < 2:
+            kind = "constant"
+        if kind == "constant":
+            L.append(rounded[b0])
+            curves.append(None)
+        elif kind == "table":
+            L.append(rounded[sizes[0]])
+            curves.append(LatencyCurve("table", batch_size=tuple(sizes),
+                                       step_latency_ms=tuple(rounded[b] for b in sizes)))
+        else:
+            a, c = prof.fit.intercept_ms, prof.fit.per_request_ms
+            L.append(round_to_grid(a + c, delta_ms))
+            curves.append(LatencyCurve("affine", intercept_ms=a, per_request_ms=c))
+        prov.append({
+            "model": prof.model, "config_sha256": prof.config_sha256, "device": prof.device, "dtype": prof.dtype,
+            "mode": prof.mode, "context_tokens": prof.context_tokens, "extend_tokens": prof.extend_tokens,
+            "cuda_graph": prof.cuda_graph, "timing": prof.timing, "curve": kind,
+            "batch_size": sizes, "median_ms": [med[b] for b in sizes], "p90_ms": [s.p90_ms for s in prof.batches],
+            "rounded_ms": [rounded[b] for b in sizes],
+            "max_relative_rounding": max(abs(rounded[b] - med[b]) / med[b] for b in sizes),
+            "fit": None if prof.fit is None else {"intercept_ms": prof.fit.intercept_ms,
+                                                  "per_request_ms": prof.fit.per_request_ms,
+                                                  "r_squared": prof.fit.r_squared},
+            "weight_bytes": prof.weight_bytes, "kv_bytes_per_token": prof.kv_bytes_per_token,
+        })
+    if all(c is None for c in curves):
+        return L, None, prov
+    return L, curves, prov
+
+
+def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[float] | None = None,
+                      profiles: Sequence[LatencyProfile] | None = None, delta_ms: float = 0.1,
+                      curve: str = "table", at_batch_size: int | None = None, name: str = "profiled",
+                      model_names: Sequence[str] | None = None, extra_provenance: dict | None = None) -> SystemSpec:
+    """A validated spec: latencies from ``profiles`` (or given ``step_latency_ms``), P and C from ``estimate``."""
+    M = estimate.n_models
+    curves = None
+    lat_prov: list | dict
+    if profiles is not None:
+        if len(profiles) != M:
+            raise ProfileError(f"the trace has {M} models but {len(profiles)} latency profiles were given")
+        L, curves, lat_prov = latency_fields(profiles, delta_ms=delta_ms, curve=curve, at_batch_size=at_batch_size)
+        if model_names is None:
+            model_names = [p.model for p in profiles]
+    elif step_latency_ms is not None:
+        L = [float(v) for v in step_latency_ms]
+        if len(L) != M:
+            raise ProfileError(f"--step-latency-ms has {len(L)} values but the trace has {M} models")
+        lat_prov = {"source": "given on the command line", "step_latency_ms": L}
+    else:
+        raise ProfileError("a spec needs latencies: pass --step-latency-ms or --latency-profile (one per model)")
+    P, C = spec_matrices(estimate)
+    from profiler import __version__
+    prov = {"tool": "tr-profile", "tool_version": __version__,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "routing": routing_provenance(estimate), "latency": lat_prov}
+    if extra_provenance:
+        prov.update(extra_provenance)
+    return make_spec(L, P, C, delta_ms=delta_ms, name=name,
+                     model_names=list(model_names) if model_names is not None else None,
+                     latency_curves=curves, provenance=prov)

@@ -10,8 +10,9 @@ See :mod:`tr_model.runtime.core` for the design and the measurement rules and
 """
 
 from tr_model.runtime.core import (FixedThresholds, MatrixRouter, Request, RuntimeResult, Subserver,
-                                   TokenRouterRuntime, measure_closed_loop, run_closed_loop)
+                                   TokenRouterRuntime, measure_closed_loop, new_event_loop, run_closed_loop,
+                                   run_in_new_loop)
 from tr_model.runtime.executors import EmulatedExecutor, StepExecutor, torch_executor
 
 __all__ = ["FixedThresholds", "MatrixRouter", "Request", "RuntimeResult", "Subserver", "TokenRouterRuntime",
-           "measure_closed_loop", "run_closed_loop", "EmulatedExecutor", "StepExecutor", "torch_executor"]
+           "measure_closed_loop", "run_closed_loop", "new_event_loop", "run_in_new_loop", "EmulatedExecutor", "StepExecutor", "torch_executor"]

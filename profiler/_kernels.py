@@ -56,7 +56,8 @@ OUT_ERR_END = 4  # end offset (exclusive, without \n) of the offending line
 OUT_LIVE = 5
 OUT_TOMB = 6
 OUT_MAX_MODEL = 7
-OUT_LEN = 8
+OUT_PEAK = 8  # most requests in flight at once
+OUT_LEN = 9
 
 
 @njit(cache=True)
@@ -130,6 +131,8 @@ def apply_record(key, step, model, nxt, tokens, mcap,
             out[OUT_TOMB] -= 1
         tstate[free] = SLOT_LIVE
         out[OUT_LIVE] += 1
+        if out[OUT_LIVE] > out[OUT_PEAK]:
+            out[OUT_PEAK] = out[OUT_LIVE]
         tkeys[free] = key
         # a request first seen after step 0 started its current run unobserved
         tage[free] = 1 if step == 0 else -1

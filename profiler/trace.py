@@ -295,13 +295,13 @@ class TraceAccumulator:
         self.esc_acc = np.zeros(6)
         self.esc_hist = np.zeros(ESC_HIST_BINS, dtype=np.int64)
         self.final_acc = np.zeros(2)
-        self.out = np.zeros(8, dtype=np.int64)
+        self.out = np.zeros(9, dtype=np.int64)
         self.out[7] = -1
         self._alloc_table(table_capacity)
         self.lines = 0
         self.slow_lines = 0
         self.dropped_last_line = False
-        self.max_requests_in_flight = 0
+        self.max_requests_in_flight = 0  # set from out[8] at the end
 
     def _alloc_table(self, cap: int) -> None:
         self.tkeys = np.zeros(cap, dtype=np.int64)
@@ -407,7 +407,6 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
             while True:
                 K.consume_lines(buf[pos:have], have - pos, names, offs, acc.mcap, *acc.table_args())
                 st = int(acc.out[0])
-                acc.max_requests_in_flight = max(acc.max_requests_in_flight, int(acc.out[5]))
                 base_line += int(acc.out[2])
                 start = pos + int(acc.out[1])
                 if st == K.STATUS_DONE:
@@ -443,6 +442,7 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
                 buf = np.concatenate([buf, np.empty(buf.shape[0], dtype=np.uint8)])
     K.finish_all(acc.tstate, acc.tn0, acc.tx0, acc.esc_acc, acc.esc_hist)
     acc.lines = base_line
+    acc.max_requests_in_flight = int(acc.out[8])
     return acc
 
 

@@ -1,0 +1,228 @@
+"""on_server_start and tr-autotune run: caching, budgets, the background process, failures, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tr_model
+import tr_model.api
+from tr_model.autotune import inputs_sha256, on_server_start, solver_options, tune
+from tr_model.spec import save_spec
+from tr_model.thresholds import ThresholdTable
+
+SPEC = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
+
+
+def _no_compute(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("optimize must not be called")
+    monkeypatch.setattr(tr_model.api, "optimize", boom)
+
+
+def test_first_start_computes_second_returns_at_once(tmp_path, monkeypatch):
+    out, cache = tmp_path / "th.json", tmp_path / "cache"
+    t = on_server_start(SPEC, 6, out, time_budget_s=120, cache_dir=cache, background=False)
+    assert t.complete and t.covered_concurrency == 6 and t.source == "file"
+    # reference values (delayed-batching-model.md): N = 1 closed form, N = 2 at (1,2), N = 4 at (1,3)
+    assert t.predicted(1) == pytest.approx(1000 / (6.0 + 0.35 * 27.9), rel=1e-9)
+    assert t.lookup(1) == (1, 1)
+    doc = json.loads(out.read_text())
+    e = {x["active_requests"]: x for x in doc["entries"]}
+    assert e[2]["eager_tok_s"] == pytest.approx(98.96, abs=0.01)
+    assert e[4]["eager_tok_s"] == pytest.approx(187.19, abs=0.01)
+    assert e[2]["predicted_tok_s"] >= 110.32 - 0.01 and e[4]["predicted_tok_s"] >= 207.95 - 0.01
+    # each row is the argmax over the whole feasible set at its own N
+    for n in (2, 4):
+        feas = [(b0, b1) for b0 in range(1, n + 1) for b1 in range(1, n + 1) if b0 + b1 - 2 < n]
+        best = max(tr_model.evaluate(SPEC, n, B).throughput_tok_s for B in feas)
+        assert e[n]["predicted_tok_s"] == pytest.approx(best, rel=1e-9)
+        assert tr_model.evaluate(SPEC, n, tuple(e[n]["thresholds"])).throughput_tok_s == pytest.approx(best)
+    assert doc["provenance"]["inputs_sha256"] == inputs_sha256(SPEC, 6, solver_options())
+    assert (cache / (doc["provenance"]["inputs_sha256"] + ".json")).exists()
+
+    _no_compute(monkeypatch)
+    before = out.read_bytes()
+    t0 = time.perf_counter()
+    t2 = on_server_start(SPEC, 6, out, time_budget_s=120, cache_dir=cache, background=True)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.25, elapsed
+    assert t2.source == "file" and t2.thresholds == t.thresholds
+    assert out.read_bytes() == before
+    # a new output path is served from the cache directory without computing
+    t3 = on_server_start(SPEC, 6, tmp_path / "other.json", cache_dir=cache)
+    assert t3.thresholds == t.thresholds and (tmp_path / "other.json").exists()
+
+
+def test_inputs_hash_tracks_what_matters():
+    h = inputs_sha256(SPEC, 8)
+    assert h == inputs_sha256(tr_model.preset("r2r", [6.0, 27.9], p=0.35), 8)
+    assert h != inputs_sha256(SPEC, 9)
+    assert h != inputs_sha256(tr_model.preset("r2r", [6.0, 27.9], p=0.3), 8)
+    assert h != inputs_sha256(SPEC, 8, solver_options(max_states=100))
+    with_prov = tr_model.make_spec(SPEC.step_latency_ms, SPEC.routing_matrix, SPEC.committed_tokens,
+                                   name=SPEC.name, provenance={"measured": "yesterday"})
+    assert inputs_sha256(with_prov, 8) == h
+
+
+def test_time_budget_writes_a_partial_table_then_resumes(tmp_path):
+    out = tmp_path / "th.json"
+    t = on_server_start(SPEC, 7, out, time_budget_s=0.0, background=False)
+    assert t.covered_concurrency == 1 and not t.complete
+    disk = ThresholdTable.load(out)
+    assert not disk.complete and disk.covered_concurrency == 1 and disk.lookup(7) == (1, 1)
+    assert "time budget" in json.loads(out.read_text())["provenance"]["stopped_reason"]
+    t = on_server_start(SPEC, 7, out, time_budget_s=120, background=False)
+    assert t.complete and t.covered_concurrency == 7
+    assert ThresholdTable.load(out, require_concurrency=7).lookup(7) == t.lookup(7)
+
+
+def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
+    out = tmp_path / "th.json"
+    t = on_server_start(SPEC, 12, out, time_budget_s=0.0, cache_dir=tmp_path / "c", background=True)
+    assert not t.complete
+    lock = json.loads((tmp_path / "th.json.lock").read_text())
+    assert lock["pid"] != os.getpid()
+    # a second start while the worker runs: no recompute, no second worker
+    _no_compute(monkeypatch)
+    t0 = time.perf_counter()
+    t1 = on_server_start(SPEC, 12, out, time_budget_s=0.0, cache_dir=tmp_path / "c", background=True)
+    assert time.perf_counter() - t0 < 0.25
+    assert json.loads((tmp_path / "th.json.lock").read_text())["pid"] == lock["pid"]
+    assert t1.covered_concurrency >= 1
+    deadline = time.time() + 150
+    reads = 0
+    while time.time() < deadline:
+        tab = ThresholdTable.load(out)           # every read must see a whole, valid file
+        reads += 1
+        if tab.complete:
+            break
+        time.sleep(0.05)
+    assert tab.complete, (tmp_path / "th.json.worker.log").read_text() if (tmp_path / "th.json.worker.log").exists() else ""
+    for _ in range(100):
+        if not (tmp_path / "th.json.lock").exists():
+            break
+        time.sleep(0.05)
+    assert not (tmp_path / "th.json.lock").exists()
+    monkeypatch.undo()
+    ref = tune(SPEC, 12, tmp_path / "fg.json")
+    assert tab.thresholds == ref.thresholds
+    assert tab.predicted_tok_s == pytest.approx(ref.predicted_tok_s, rel=1e-9)
+    t0 = time.perf_counter()
+    t2 = on_server_start(SPEC, 12, out, cache_dir=tmp_path / "c")
+    assert time.perf_counter() - t0 < 0.25 and t2.complete
+
+
+def test_computation_failure_logs_one_line_and_returns_eager(tmp_path, monkeypatch, caplog):
+    def broken(*a, **k):
+        raise RuntimeError("solver exploded\nsecond line")
+    monkeypatch.setattr(tr_model.api, "optimize", broken)
+    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+        t = on_server_start(SPEC, 5, tmp_path / "th.json", time_budget_s=1, background=True)
+    assert t.source == "fallback" and t.lookup(3) == (1, 1) and t.covered_concurrency == 5
+    recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
+    assert len(recs) == 1 and "solver exploded" in recs[0].getMessage()
+    assert "\n" not in recs[0].getMessage() and "eager" in recs[0].getMessage()
+    assert not (tmp_path / "th.json").exists()
+
+
+def test_state_space_limit_stops_the_table(tmp_path):
+    out = tmp_path / "th.json"
+    t = on_server_start(SPEC, 10, out, time_budget_s=60, background=True, max_states=60)
+    assert 1 <= t.covered_concurrency < 10 and not t.complete
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["resumable"] is False and "N = " in prov["stopped_reason"]
+    assert not (tmp_path / "th.json.lock").exists()          # nothing to finish in the background
+    assert t.lookup(10) == t.lookup(t.covered_concurrency)
+
+
+@contextlib.contextmanager
+def _read_only_dir(path):
+    """Make ``path`` unwritable even for root (chattr +i), or by mode bits for other users."""
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+            pytest.skip("running as root and cannot make a folder immutable (chattr +i)")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)])
+    else:
+        mode = os.stat(path).st_mode
+        os.chmod(path, stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            yield
+        finally:
+            os.chmod(path, mode)
+
+
+def test_unwritable_folder_keeps_the_old_file(tmp_path, caplog):
+    d = tmp_path / "ro"
+    d.mkdir()
+    out = d / "th.json"
+    tune(SPEC, 3, out)
+    old = out.read_bytes()
+    spec_file = tmp_path / "spec.json"
+    save_spec(SPEC, spec_file)
+    with _read_only_dir(d):
+        with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+            t = on_server_start(SPEC, 5, out, time_budget_s=60, background=True)
+        assert t.complete and t.covered_concurrency == 5 and t.source == "memory"
+        assert out.read_bytes() == old
+        recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
+        assert len(recs) == 1 and "cannot write" in recs[0].getMessage()
+        r = _cli("--spec", str(spec_file), "--max-concurrency", "5", "--out", str(out))
+        assert r.returncode == 2 and r.stderr.startswith("error: cannot write")
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert out.read_bytes() == old
+        assert sorted(os.listdir(d)) == ["th.json"]          # no temp file left behind
+    assert ThresholdTable.load(out).covered_concurrency == 3
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tr_model.autotune_cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_run_show_and_bad_input(tmp_path):
+    spec_file = tmp_path / "spec.json"
+    save_spec(SPEC, spec_file)
+    out = tmp_path / "th.json"
+    # the short form (no subcommand) is `run`
+    r = _cli("--spec", str(spec_file), "--max-concurrency", "4", "--out", str(out), "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.strip().splitlines()
+    assert rows[0].startswith("N,B*") and len(rows) == 5 and rows[4].startswith("4,1 3,207.95")
+    r = _cli("show", str(out), "--active-requests", "99")
+    assert r.returncode == 0 and r.stdout.strip() == "1 3"
+    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--max-concurrency", "4", "--out", str(out), "--quiet")
+    assert r.returncode == 0 and r.stdout == ""            # same inputs as the spec file: reused
+
+    def one_error(r):
+        return r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+
+    assert one_error(_cli("show", str(out), "--require-concurrency", "8"))      # a table shorter than asked
+    doc = json.loads(out.read_text())
+    doc["schema_version"] = 7
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    r = _cli("show", str(bad))
+    assert one_error(r) and "schema_version" in r.stderr
+    doc["schema_version"] = 1
+    doc["entries"][2]["thresholds"] = [0, 1]
+    bad.write_text(json.dumps(doc))
+    r = _cli("show", str(bad))
+    assert one_error(r) and "entries[2].thresholds[0]" in r.stderr
+    assert one_error(_cli("show", str(tmp_path / "missing.json")))
+    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "0", "--out", str(out)))
+    assert one_error(_cli("--spec", str(tmp_path / "nope.json"), "--max-concurrency", "3", "--out", str(out)))
+    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(tmp_path / "no" / "x.json")))
+    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(out), "--background"))

@@ -429,3 +429,130 @@ def residual_max(indptr, indices, data, x):
         if e > res:
             res = e
     return res
+
+
+@njit(cache=True)
+def gs_sweep(indptr, indices, data, diag, x):
+    """One in-place Gauss-Seidel sweep for ``x = x T`` (CSR of ``T^T``), then renormalise."""
+    n = indptr.shape[0] - 1
+    for j in range(n):
+        s = 0.0
+        for q in range(indptr[j], indptr[j + 1]):
+            i = indices[q]
+            if i != j:
+                s += x[i] * data[q]
+        denom = 1.0 - diag[j]
+        if denom > 0.0:
+            x[j] = s / denom
+    tot = 0.0
+    for j in range(n):
+        tot += x[j]
+    for j in range(n):
+        x[j] /= tot
+
+
+@njit(cache=True)
+def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
+    """Gauss-Seidel sweeps accelerated by Anderson mixing (memory ``m``), in place on ``x``.
+
+    With the fixed-point map ``G`` = one sweep + renormalisation and
+    ``f_k = G(x_k) - x_k``, each step solves the small regularised normal
+    equations ``(dF^T dF) gamma = dF^T f_k`` over the last ``m`` differences
+    and sets ``x_{k+1} = G(x_k) - (dX + dF) gamma``, clipped at zero and
+    renormalised.  Every ``check_every`` steps the residual of the iterate is
+    checked; an extrapolation worse than the plain sweep restarts the history.
+    Stops when ``max_j |(xT)_j - x_j| <= tol * max(x)``.  Returns
+    ``(sweeps, residual)``.
+    """
+    n = indptr.shape[0] - 1
+    diag = np.zeros(n, dtype=np.float64)
+    for j in range(n):
+        for q in range(indptr[j], indptr[j + 1]):
+            if indices[q] == j:
+                diag[j] += data[q]
+    dX = np.zeros((m, n), dtype=np.float64)
+    dF = np.zeros((m, n), dtype=np.float64)
+    G = np.zeros((m, m), dtype=np.float64)
+    y = np.empty(n, dtype=np.float64)
+    f = np.empty(n, dtype=np.float64)
+    x_prev = np.empty(n, dtype=np.float64)
+    f_prev = np.empty(n, dtype=np.float64)
+    have_prev = False
+    filled = 0
+    res = np.inf
+    it = 0
+    while it < max_sweeps:
+        for j in range(n):
+            y[j] = x[j]
+        gs_sweep(indptr, indices, data, diag, y)
+        it += 1
+        for j in range(n):
+            f[j] = y[j] - x[j]
+        if have_prev:
+            col = filled % m
+            for j in range(n):
+                dX[col, j] = x[j] - x_prev[j]
+                dF[col, j] = f[j] - f_prev[j]
+            filled += 1
+            k = filled if filled < m else m
+            for a in range(k):
+                s = 0.0
+                for j in range(n):
+                    s += dF[a, j] * dF[col, j]
+                G[a, col] = s
+                G[col, a] = s
+        for j in range(n):
+            x_prev[j] = x[j]
+            f_prev[j] = f[j]
+        have_prev = True
+        k = filled if filled < m else m
+        if k > 0:
+            A = np.empty((k, k), dtype=np.float64)
+            rhs = np.empty(k, dtype=np.float64)
+            tr = 0.0
+            for a in range(k):
+                tr += G[a, a]
+            for a in range(k):
+                for b in range(k):
+                    A[a, b] = G[a, b]
+                A[a, a] += 1e-12 * tr + 1e-300
+                s = 0.0
+                for j in range(n):
+                    s += dF[a, j] * f[j]
+                rhs[a] = s
+            gamma = np.linalg.solve(A, rhs)
+            tot = 0.0
+            for j in range(n):
+                v = y[j]
+                for a in range(k):
+                    v -= (dX[a, j] + dF[a, j]) * gamma[a]
+                if v < 0.0:
+                    v = 0.0
+                x[j] = v
+                tot += v
+            if tot > 0.0 and np.isfinite(tot):
+                for j in range(n):
+                    x[j] /= tot
+            else:
+                for j in range(n):
+                    x[j] = y[j]
+        else:
+            for j in range(n):
+                x[j] = y[j]
+        if it % check_every == 0:
+            r_acc = residual_max(indptr, indices, data, x)
+            r_plain = residual_max(indptr, indices, data, y)
+            if not (r_acc <= 10.0 * r_plain):
+                for j in range(n):
+                    x[j] = y[j]
+                r_acc = r_plain
+                filled = 0
+                have_prev = False
+            res = r_acc
+            xmax = 0.0
+            for j in range(n):
+                if x[j] > xmax:
+                    xmax = x[j]
+            if res <= tol * xmax:
+                break
+    return it, res

@@ -64,7 +64,7 @@ class Chain:
     B: tuple[int, ...]
     keys: np.ndarray
     T: sp.csr_matrix
-    tau: np.ndarray          # holding time of each state, quanta
+    tau: np.ndarray          # holding time of each state, quanta (float64 for fast dot products)
     g: np.ndarray            # expected committed tokens at the epoch ending each state
     waiting: np.ndarray      # (n, M) k_i of each state
     batch: np.ndarray        # (n, M) b_i of each state
@@ -205,6 +205,6 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     done = (Bb > 0) & (R == tau[:n, None])
     arrivals = (Bb * done) @ P
     t2 = time.perf_counter()
-    return Chain(N=N, B=tuple(int(x) for x in B), keys=keys, T=T, tau=tau[:n].copy(), g=g[:n].copy(),
+    return Chain(N=N, B=tuple(int(x) for x in B), keys=keys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
                  waiting=W, batch=Bb, residual=R, arrivals=arrivals,
                  build_seconds=t1 - t0, assembly_seconds=t2 - t1)

@@ -22,15 +22,16 @@ import numpy as np
 
 def throughput_per_quantum(pi: np.ndarray, g: np.ndarray, tau: np.ndarray) -> float:
     """Tokens per time quantum ``sum(pi g) / sum(pi tau)``."""
-    return float(np.dot(pi, g) / np.dot(pi, tau))
+    # elementwise sums rather than BLAS dot: some OpenBLAS settings make tiny dots slow
+    return float(np.sum(pi * g) / np.sum(pi * tau))
 
 
 def mean_waiting(pi: np.ndarray, tau: np.ndarray, waiting: np.ndarray) -> np.ndarray:
     """Time-average number of requests waiting at each model."""
     w = pi * tau
-    return (w @ waiting) / w.sum()
+    return (w[:, None] * waiting).sum(axis=0) / w.sum()
 
 
 def arrival_rate_per_quantum(pi: np.ndarray, tau: np.ndarray, arrivals: np.ndarray) -> np.ndarray:
     """Rate at which requests are routed into each model's queue, per quantum."""
-    return (pi @ arrivals) / float(np.dot(pi, tau))
+    return (pi[:, None] * arrivals).sum(axis=0) / float(np.sum(pi * tau))

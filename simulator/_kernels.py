@@ -59,7 +59,7 @@ def _slot_key(seed, slot, generation):
 
 
 @njit(cache=True)
-def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
+def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                     tr_off, tr_model, tr_tok, tr_last, req_tokens,
                     seed, jitter_sigma, tie_ms,
                     warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
@@ -68,6 +68,10 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
 
     mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
     requests finish after ``req_tokens`` committed tokens when that is > 0.
+    When ``exp_tok[i] >= 0`` a completed step on model i credits the
+    throughput with that expected count instead of the drawn ``cmat[i, j]``
+    (conditional Monte Carlo: same mean, less variance); requests still
+    count their drawn tokens toward ``req_tokens``.
     mode 1: replay of recorded requests ``tr_off`` (offsets into the flat
     arrays ``tr_model``/``tr_tok``; ``tr_last`` flags the last step of each
     recorded request), closed loop.
@@ -224,7 +228,10 @@ def simulate_kernel(pcum, cmat, lat, caps, thresh, n_req, mode,
                             dest = jj
                             break
                     c = cmat[i, dest]
-                    ev_tok += c
+                    if exp_tok[i] >= 0.0:
+                        ev_tok += exp_tok[i]
+                    else:
+                        ev_tok += c
                     if req_tokens > 0.0:
                         tok[r] += c
                         if tok[r] >= req_tokens:

@@ -197,7 +197,7 @@ def batch_means_halfwidth(tokens: np.ndarray, ms: np.ndarray, confidence: float 
 
 def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None, steps: int | None = None,
              warmup: float = 0.1, seed: int = 0, jitter: float = 0.0, trace: Any = None,
-             request_tokens: float | None = None) -> SimulationResult:
+             request_tokens: float | None = None, expected_tokens: bool = True) -> SimulationResult:
     """Simulate the routed system and return throughput with its 95% interval and latency statistics.
 
     ``steps``: request-steps to measure after the warm-up (default 2,000,000),
@@ -210,6 +210,10 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     recorded requests (closed loop) instead of routing by P.
     ``request_tokens``: with P routing, a request finishes after committing
     that many tokens and a new one enters at the entry model (default: never).
+    ``expected_tokens``: with P routing, credit each completed step with its
+    expected tokens ``sum_j P[i][j] C[i][j]`` rather than the drawn ones
+    (conditional Monte Carlo, as the chain's reward; unbiased, narrower
+    interval).  Trace-driven runs always use the recorded tokens.
     """
     M = spec.M
     N = _positive_int(N, "N")
@@ -274,7 +278,11 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     warm_steps = int(math.ceil(warmup * meas_steps)) if meas_steps else 0
     warm_ms = warmup * meas_ms if not meas_steps else 0.0
     t_start = time.perf_counter()
-    out = simulate_kernel(pcum, C, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
+    if mode == 0 and expected_tokens:
+        exp_tok = (P * C).sum(axis=1)
+    else:
+        exp_tok = np.full(M, -1.0)
+    out = simulate_kernel(pcum, C, exp_tok, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
                           tr_off, tr_model, tr_tok, tr_last, req_tok,
                           np.uint64(seed), sigma, tie_ms,
                           warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,

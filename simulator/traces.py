@@ -19,9 +19,10 @@ consecutive steps on model i is drawn from the given distribution and, when
 the run ends, the next model is drawn from row i of P with the diagonal
 removed (renormalised).  Tokens follow ``C[i][j]`` of each step's transition.
 With ``end_at_entry=True`` a request ends at the first step at or after
-``steps_per_request`` whose next model is the entry model 0, so that a
-replacement entering at model 0 continues the same routing law (a replay of
-a geometric trace is then the chain of P, up to the finite sample).
+``steps_per_request`` whose next model is the entry model 0 (and, for a model
+with a prescribed run-length law, that ends its run), so that a replacement
+entering at model 0 continues the same routing law (a replay of a geometric
+trace is then the chain of P, up to the finite sample).
 """
 
 from __future__ import annotations
@@ -267,7 +268,9 @@ def generate_trace(spec, n_requests: int, steps_per_request: int, *, run_length_
             nxt.append(j)
             tok.append(float(C[i, j]))
             n += 1
-            if n >= steps_per_request and (not end_at_entry or j == 0 or n >= cap):
+            # never cut inside a run with a prescribed length law: the replacement starts a fresh run
+            at_entry = j == 0 and not (i in pmfs and j == i)
+            if n >= steps_per_request and (not end_at_entry or at_entry or n >= cap):
                 break
             if j != i and j in pmfs:
                 left = pick(cum_len[j]) + 1

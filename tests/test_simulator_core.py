@@ -158,3 +158,12 @@ def test_result_serialises():
     d = json.loads(json.dumps(r.to_dict()))
     assert d["schema_version"] == 1 and d["B"] == [1, 2] and len(d["admission"]) == 2
     assert math.isfinite(d["throughput_ci95_tok_s"])
+
+
+def test_expected_token_credit_is_unbiased_and_tighter():
+    drawn = simulate(R2R, 4, (1, 1), steps=1_000_000, seed=8, expected_tokens=False)
+    expected = simulate(R2R, 4, (1, 1), steps=1_000_000, seed=8, expected_tokens=True)
+    for r in (drawn, expected):
+        assert abs(r.throughput_tok_s - 187.19) <= r.throughput_ci95_tok_s + 0.005
+    # same route realisation (same seed), the conditional expectation removes the token-draw noise
+    assert expected.throughput_ci95_tok_s < 0.8 * drawn.throughput_ci95_tok_s

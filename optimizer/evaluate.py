@@ -40,6 +40,7 @@ class Evaluation:
     solve_seconds: float = 0.0
     delta_ms: float = 0.1
     roundings: tuple = field(default=(), compare=False)
+    cached: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -74,17 +75,32 @@ def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:
 
 
 def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,
-                        max_states: int | None = None, round_to_grid: bool = False) -> Evaluation:
-    """Throughput and queue metrics of delayed batching with thresholds ``B`` at concurrency ``N``."""
+                        max_states: int | None = None, round_to_grid: bool = False,
+                        cache=None) -> Evaluation:
+    """Throughput and queue metrics of delayed batching with thresholds ``B`` at concurrency ``N``.
+
+    ``cache``: a folder path or :class:`optimizer.cache.ResultCache`; results
+    are looked up and stored there (keyed by everything that affects them).
+    """
     Bt = check_thresholds(spec, N, B)
     if solver not in dtmc.SOLVERS:
         raise SpecError(f"--solver must be one of {', '.join(dtmc.SOLVERS)}, got {solver!r}")
+    tol = dtmc.DEFAULT_TOL if tol is None else float(tol)
+    max_states = dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states)
     d, roundings = spec.quanta_table(int(N), round_to_grid=round_to_grid)
+    key = None
+    if cache is not None:
+        from optimizer.cache import ResultCache, evaluation_key
+        if not isinstance(cache, ResultCache):
+            cache = ResultCache(cache)
+        key = evaluation_key(spec, N, Bt, solver, tol, max_states, round_to_grid)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
     t0 = time.perf_counter()
     try:
         sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
-                               tol=dtmc.DEFAULT_TOL if tol is None else float(tol),
-                               max_states=dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states))
+                               tol=tol, max_states=max_states)
     except dtmc.StateLimitExceeded as e:
         raise StateSpaceTooLarge(
             f"N = {N}, B = {Bt}: the state space has more than max_states = {e.max_states:,} states "
@@ -99,7 +115,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
     with np.errstate(divide="ignore", invalid="ignore"):
         wait_q = np.where(lam > 0, sol.mean_waiting / np.where(lam > 0, lam, 1.0), np.nan)
     adm = tuple(float(x) * spec.delta_ms for x in wait_q)
-    return Evaluation(
+    ev = Evaluation(
         N=int(N), B=Bt, throughput_tok_s=float(thr), states=sol.states, transitions=sol.transitions,
         residual=float(sol.residual), solver=sol.solver, seconds=seconds,
         mean_waiting=tuple(float(x) for x in sol.mean_waiting), admission_latency_ms=adm,
@@ -107,3 +123,6 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         recurrent_states=sol.recurrent_states, bytes_used=sol.bytes_used,
         build_seconds=sol.build_seconds, assembly_seconds=sol.assembly_seconds,
         solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=tuple(roundings))
+    if cache is not None and key is not None:
+        cache.put(key, ev)
+    return ev

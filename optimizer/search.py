@@ -108,6 +108,8 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
     """
     payload = [(spec, int(N), tuple(B), kw) for N, B in tasks]
     total = len(payload)
+    if executor is None and workers > 1 and total < 2:
+        workers = 1
     out: list[Evaluation | None] = [None] * total
     if executor is None and workers <= 1:
         for i, p in enumerate(payload):
@@ -121,7 +123,9 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
         import multiprocessing as mp
         own = executor = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     try:
-        futs = {executor.submit(_eval_task, p): i for i, p in enumerate(payload)}
+        # big chains first (large N, small thresholds) so the pool ends evenly loaded
+        order = sorted(range(total), key=lambda i: (-payload[i][1], sum(payload[i][2]), i))
+        futs = {executor.submit(_eval_task, payload[i]): i for i in order}
         done = 0
         for fut in _as_completed(executor, list(futs)):
             out[futs[fut]] = fut.result()

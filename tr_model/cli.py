@@ -56,8 +56,14 @@ def build_parser() -> Parser:
     s.add_argument("--max-states", type=int, default=dtmc.DEFAULT_MAX_STATES, metavar="S",
                    help="refuse chains with more states than this (default %(default)s, about 8 GiB at "
                    "~10 transitions per state: fits comfortably in 24 GB)")
-    s.add_argument("--workers", type=int, default=1, metavar="K", help="local worker processes for the search "
-                   "(default 1)")
+    s.add_argument("--workers", default="auto", metavar="K", help="local worker processes for the search "
+                   "(default auto: the machine's cores when the sweep has more than 200 chains to evaluate, "
+                   "else 1; results are identical for any K)")
+    s.add_argument("--dask", metavar="ADDRESS", help="run the evaluations on an existing Dask distributed "
+                   "scheduler, e.g. tcp://10.0.0.5:8786 (needs the 'dask' extra)")
+    s.add_argument("--cache-dir", metavar="DIR", help="result cache folder (default $TR_MODEL_CACHE_DIR or "
+                   "~/.cache/tr-model/evaluations)")
+    s.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     o = p.add_argument_group("output")
     o.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format")
     o.add_argument("--all", action="store_true", help="also output every evaluated B")
@@ -95,6 +101,32 @@ def spec_from_args(a):
     return preset(algo, a.L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if delta is None else delta)
 
 
+def _parse_workers(value: str, M: int, Ns) -> int:
+    from optimizer.search import count_feasible
+    from tr_model._cli_util import default_workers
+    if value == "auto":
+        total = sum(count_feasible(M, N) for N in Ns)
+        return default_workers() if total > 200 else 1
+    try:
+        k = int(value)
+    except ValueError:
+        raise SpecError(f"--workers must be an integer >= 1 or 'auto', got {value!r}") from None
+    if k < 1:
+        raise SpecError(f"--workers must be >= 1, got {k}")
+    return k
+
+
+def _dask_client(address: str):
+    try:
+        from distributed import Client
+    except ImportError:
+        raise SpecError("--dask needs the 'dask' extra: pip install 'tokenrouter-model[dask]'") from None
+    try:
+        return Client(address, timeout=10)
+    except (OSError, TimeoutError) as e:
+        raise SpecError(f"--dask: cannot connect to the scheduler at {address!r}: {e}") from None
+
+
 def _fmt_lat(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:.2f}"
 
@@ -109,8 +141,7 @@ def main_impl(argv=None) -> int:
         raise SpecError("--N: no concurrency given")
     if a.max_states < 1:
         raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
-    if a.workers < 1:
-        raise SpecError(f"--workers must be >= 1, got {a.workers}")
+    workers = _parse_workers(a.workers, spec.M, Ns)
     if not (a.tol > 0):
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
     # validate the grid once, up front, for every N (batch-dependent latencies depend on N)
@@ -123,6 +154,9 @@ def main_impl(argv=None) -> int:
             sys.stderr.write(f"note: model {r['model']} latency {r['step_latency_ms']:g} ms rounded to "
                              f"{r['rounded_ms']:.6g} ms (relative error {r['relative_error']:+.3g})\n")
     kw = dict(solver=a.solver, tol=a.tol, max_states=a.max_states, round_to_grid=a.round)
+    if not a.no_cache:
+        from optimizer.cache import default_cache_dir
+        kw["cache"] = a.cache_dir or default_cache_dir()
 
     doc: dict = {"schema_version": OUTPUT_SCHEMA_VERSION, "spec": spec_to_dict(spec), "results": []}
     if roundings:
@@ -139,7 +173,12 @@ def main_impl(argv=None) -> int:
         headers = ["N", "B", "tok/s", "tok/s/req", "admission_ms", "states", "transitions", "residual", "seconds"]
     else:
         prog = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
-        opts = optimize_many(spec, Ns, workers=a.workers, progress=prog, **kw)
+        client = _dask_client(a.dask) if a.dask else None
+        try:
+            opts = optimize_many(spec, Ns, workers=workers, executor=client, progress=prog, **kw)
+        finally:
+            if client is not None:
+                client.close()
         table = []
         for o in opts:
             doc["results"].append(o.to_dict())

@@ -1,0 +1,72 @@
+"""Parallel, distributed and cached evaluations give results identical to a serial run."""
+
+import json
+import os
+
+import pytest
+
+import tr_model
+from optimizer.cache import ResultCache
+from tr_model.spec import preset
+
+R2R = preset("r2r", [6.0, 27.9], p=0.35)
+
+
+def _fingerprint(opts):
+    return [(o.N, o.best_B, [(e.B, e.throughput_tok_s, e.states) for e in o.evaluations]) for o in opts]
+
+
+def test_dask_local_cluster_matches_serial():
+    distributed = pytest.importorskip("distributed")
+    serial = tr_model.optimize_many(R2R, [2, 4, 6])
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        remote = tr_model.optimize_many(R2R, [2, 4, 6], executor=client)
+    assert _fingerprint(remote) == _fingerprint(serial)
+
+
+def test_cache_roundtrip(tmp_path):
+    a = tr_model.evaluate(R2R, 6, (1, 3), cache=tmp_path)
+    files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert len(files) == 1 and not a.cached
+    b = tr_model.evaluate(R2R, 6, (1, 3), cache=tmp_path)
+    assert b.cached and b.throughput_tok_s == a.throughput_tok_s and b.states == a.states
+    # a different tolerance is a different key
+    c = tr_model.evaluate(R2R, 6, (1, 3), cache=tmp_path, tol=1e-10)
+    assert not c.cached
+
+
+def test_cache_corrupt_entry_is_a_miss(tmp_path):
+    tr_model.evaluate(R2R, 5, (1, 2), cache=tmp_path)
+    path = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs][0]
+    with open(path, "w") as f:
+        f.write("{truncated")
+    ev = tr_model.evaluate(R2R, 5, (1, 2), cache=tmp_path)
+    assert not ev.cached
+    assert json.load(open(path))["throughput_tok_s"] == ev.throughput_tok_s
+
+
+def test_cache_concurrent_writers(tmp_path):
+    """Two processes filling the same cache: every entry stays a complete JSON document."""
+    serial = tr_model.optimize_many(R2R, [5], cache=None)
+    a = tr_model.optimize_many(R2R, [5], workers=2, cache=str(tmp_path))
+    b = tr_model.optimize_many(R2R, [5], workers=2, cache=str(tmp_path))
+    assert _fingerprint(a) == _fingerprint(serial) == _fingerprint(b)
+    assert all(e.cached for e in b[0].evaluations)
+    cache = ResultCache(tmp_path)
+    for d, _, fs in os.walk(tmp_path):
+        for f in fs:
+            assert not f.startswith(".tmp-")
+            json.load(open(os.path.join(d, f)))
+    assert cache.path == str(tmp_path)
+
+
+def test_cli_workers_and_cache(run_tool, tmp_path):
+    args = ["--p", "0.35", "--L", "6.0", "27.9", "--N", "3-5", "--format", "json", "--cache-dir", tmp_path]
+    one = json.loads(run_tool("tr-optimize", *args, "--workers", "1").stdout)
+    two = json.loads(run_tool("tr-optimize", *args, "--workers", "2", "--no-cache").stdout)
+    again = json.loads(run_tool("tr-optimize", *args, "--workers", "1").stdout)
+    key = lambda d: [(r["N"], r["B"], r["throughput_tok_s"]) for r in d["results"]]  # noqa: E731
+    assert key(one) == key(two) == key(again)
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--workers", "0")
+    assert r.returncode == 2 and r.stderr.startswith("error: --workers")

@@ -127,6 +127,9 @@ class Subserver:
         self.wait_total_s = 0.0
         self.waits = 0
         self.busy_s = 0.0
+        self.min_batch = math.inf
+        self.view_min = math.inf
+        self.view_max = -math.inf
 
     def enqueue(self, req: Request, now: float) -> None:
         req.model = self.index
@@ -140,7 +143,7 @@ class Subserver:
         while True:
             kind, req = await self.client_events.get()
             if kind == "new":
-                self.rt.broadcast_active(+1)
+                self.rt.broadcast_active(+1, self.index)
                 self.enqueue(req, loop.time())
             else:  # "done": stream the final response back to the client
                 if req.future is not None and not req.future.done():
@@ -159,6 +162,10 @@ class Subserver:
             batch = [self.waiting.popleft() for _ in range(take)]
             t0 = loop.time()
             in_window = rt.in_window(t0)
+            if in_window:
+                self.min_batch = min(self.min_batch, len(batch))
+                self.view_min = min(self.view_min, self.active_view)
+                self.view_max = max(self.view_max, self.active_view)
             for r in batch:
                 r.state = "running"
                 if in_window:
@@ -182,7 +189,7 @@ class Subserver:
                         r.token_ids.append(int(tok))
                     rt.record_commit(c, t1)
                 if r.committed >= r.max_output_tokens:
-                    rt.finish(r, t1)
+                    rt.finish(r, t1, i)
                 elif j == i:
                     self.enqueue(r, t1)
                 else:
@@ -221,6 +228,8 @@ class RuntimeResult:
     utilization: tuple
     relative_timer_noise: float | None
     slice_throughput_tok_s: tuple = ()
+    min_batch_size: tuple = ()
+    active_view_range: tuple = ()  # per model: (min, max) of its view of the active count at launches
 
     @property
     def throughput_ci95_tok_s(self) -> float:
@@ -266,16 +275,22 @@ class TokenRouterRuntime:
                 k = int((t - self.t_start) / (self.t_end - self.t_start) * len(self.slices))
                 self.slices[min(k, len(self.slices) - 1)] += c
 
-    def broadcast_active(self, delta: int) -> None:
+    def broadcast_active(self, delta: int, origin: int) -> None:
+        """Announce an admission (+1) or a finish (-1): the origin's view changes now, the others' when the
+        control message reaches their inter-model loop."""
         for s in self.subservers:
-            s.channel.put_nowait(("ctl", delta))
+            if s.index == origin:
+                s.active_view += delta
+                s.wake.set()
+            else:
+                s.channel.put_nowait(("ctl", delta))
 
-    def finish(self, req: Request, t: float) -> None:
+    def finish(self, req: Request, t: float, origin: int) -> None:
         req.state = "finished"
         req.finished_at = t
         if req.created_at >= self.t_start and t <= self.t_end and t > req.created_at:
             self.request_speeds.append(req.committed / ((t - req.created_at) / self.time_scale))
-        self.broadcast_active(-1)
+        self.broadcast_active(-1, origin)
         self.subservers[0].client_events.put_nowait(("done", req))
 
     async def submit(self, req: Request) -> Request:
@@ -374,6 +389,8 @@ async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: 
         utilization=tuple(min(1.0, s.busy_s / duration_s) for s in subs),
         relative_timer_noise=noise,
         slice_throughput_tok_s=tuple(x / (window_model_s / len(rt.slices)) for x in rt.slices),
+        min_batch_size=tuple(s.min_batch for s in subs),
+        active_view_range=tuple((s.view_min, s.view_max) for s in subs),
     )
 
 

@@ -41,9 +41,19 @@ def build_parser() -> Parser:
     g.add_argument("--L", type=float, nargs="+", metavar="MS", help="step latency of each model in ms "
                    "(one decoding step of a batch), e.g. --L 6.0 27.9")
     g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (general M, P, C, L; see docs/formats.md)")
-    g.add_argument("--delta", type=float, metavar="MS", help="time quantum in ms (default 0.1, or the spec's "
-                   "delta_ms); every L_i must be a multiple of it unless --round")
+    g.add_argument("--L-table", metavar="FILE", help="batch-size-dependent step latencies L_i(b): JSON list of "
+                   "per-model curves ({batch_size, step_latency_ms} tables, {intercept_ms, per_request_ms} affine "
+                   "laws, or null) or CSV with columns model,batch_size,step_latency_ms (ms)")
+    g.add_argument("--max-batch", nargs="+", metavar="CAP", help="batch cap per model (requests; 'none' for no cap); "
+                   "the excess keeps waiting")
+    g.add_argument("--delta", metavar="MS", help="time quantum in ms, or 'auto' for the coarsest grid that "
+                   "represents every latency within --delta-rtol (default 0.1, or the spec's delta_ms); every "
+                   "latency must be a multiple of it unless --round")
+    g.add_argument("--delta-rtol", type=float, default=0.01, metavar="R", help="relative rounding error allowed "
+                   "by --delta auto (default %(default)g)")
     g.add_argument("--round", action="store_true", help="round latencies to the delta grid and report the error")
+    g.add_argument("--check-delta", action="store_true", help="also solve at delta/2 (when it fits under "
+                   "--max-states) and report how much the throughput and B* move")
     s = p.add_argument_group("search")
     s.add_argument("--N", nargs="+", metavar="N", help="concurrency: integers or ranges, e.g. 1-16 32 "
                    f"(default {' '.join(map(str, DEFAULT_NS))})")
@@ -72,15 +82,59 @@ def build_parser() -> Parser:
     return p
 
 
+def _parse_delta(value):
+    if value is None or value == "auto":
+        return value
+    try:
+        delta = float(value)
+    except ValueError:
+        raise SpecError(f"--delta must be a number of ms or 'auto', got {value!r}") from None
+    if not math.isfinite(delta) or delta <= 0:
+        raise SpecError(f"--delta must be > 0 ms, got {value}")
+    return delta
+
+
+def _parse_caps(values, M):
+    if values is None:
+        return None
+    if len(values) != M:
+        raise SpecError(f"--max-batch needs M = {M} values (one per model), got {len(values)}")
+    caps = []
+    for v in values:
+        if str(v).lower() in ("none", "null", "-"):
+            caps.append(None)
+            continue
+        try:
+            c = int(v)
+        except ValueError:
+            raise SpecError(f"--max-batch values must be integers >= 1 or 'none', got {v!r}") from None
+        if c < 1:
+            raise SpecError(f"--max-batch values must be >= 1, got {c}")
+        caps.append(c)
+    return caps
+
+
 def spec_from_args(a):
-    delta = a.delta
-    if delta is not None and (not math.isfinite(delta) or delta <= 0):
-        raise SpecError(f"--delta must be > 0 ms, got {delta:g}")
+    """The system spec the flags describe (delta 'auto' is resolved later, once N is known)."""
+    from dataclasses import replace
+
+    spec = _base_spec_from_args(a)
+    if a.L_table:
+        from tr_model.grid import load_latency_table
+        spec = replace(spec, latency_curves=tuple(load_latency_table(a.L_table, spec.M)))
+    caps = _parse_caps(a.max_batch, spec.M)
+    if caps is not None:
+        spec = replace(spec, max_batch_size=tuple(caps))
+    return spec
+
+
+def _base_spec_from_args(a):
+    delta = _parse_delta(a.delta)
     if a.spec:
         if a.L or a.p is not None or a.q is not None or a.weights or a.algo:
             raise SpecError("--spec defines the whole system; do not combine it with --L/--p/--q/--weights/--algo")
         spec = load_spec(a.spec)
-        return spec.with_delta(delta) if delta is not None else spec
+        return spec.with_delta(delta) if isinstance(delta, float) else spec
     algo = a.algo
     if algo is None:
         if a.weights:
@@ -89,6 +143,13 @@ def spec_from_args(a):
             algo = "r2r"
         else:
             raise SpecError("define the system with --p (R2R preset), --algo, --weights or --spec")
+    if not a.L and a.L_table:
+        from tr_model.grid import load_latency_table
+        M = len(a.weights) if a.weights else 2
+        curves = load_latency_table(a.L_table, M)
+        if any(c is None for c in curves):
+            raise SpecError("--L is required for models without a curve in --L-table")
+        a.L = [c.latency_ms(1) for c in curves]
     if not a.L:
         raise SpecError("--L is required: the step latency of each model in ms, e.g. --L 6.0 27.9")
     for i, L in enumerate(a.L):
@@ -98,7 +159,7 @@ def spec_from_args(a):
         raise SpecError(f"--weights applies to --algo me, not {algo}")
     if algo in ("r2r", "citer", "co-llm") and a.q is not None:
         raise SpecError(f"--q applies to --algo r-stitch, not {algo}")
-    return preset(algo, a.L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if delta is None else delta)
+    return preset(algo, a.L, p=a.p, q=a.q, weights=a.weights, delta_ms=delta if isinstance(delta, float) else 0.1)
 
 
 def _parse_workers(value: str, M: int, Ns) -> int:
@@ -144,21 +205,41 @@ def main_impl(argv=None) -> int:
     workers = _parse_workers(a.workers, spec.M, Ns)
     if not (a.tol > 0):
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
+    if a.delta == "auto":
+        from dataclasses import replace
+        from tr_model.grid import coarsest_delta, spec_latencies
+        delta = coarsest_delta(spec_latencies(spec, max(Ns)), a.delta_rtol)
+        spec = replace(spec, delta_ms=delta)
+        a.round = True
+        if a.format == "table":
+            sys.stderr.write(f"note: --delta auto chose delta = {delta:.6g} ms (every latency within "
+                             f"{a.delta_rtol:g} relative)\n")
     # validate the grid once, up front, for every N (batch-dependent latencies depend on N)
     roundings = []
     for N in Ns:
         _, r = spec.quanta_table(N, round_to_grid=a.round)
         roundings.extend(x for x in r if x not in roundings)
     if roundings and a.format == "table":
-        for r in roundings:
-            sys.stderr.write(f"note: model {r['model']} latency {r['step_latency_ms']:g} ms rounded to "
-                             f"{r['rounded_ms']:.6g} ms (relative error {r['relative_error']:+.3g})\n")
+        if len(roundings) <= 2 * spec.M:
+            for r in roundings:
+                sys.stderr.write(f"note: model {r['model']} latency {r['step_latency_ms']:g} ms rounded to "
+                                 f"{r['rounded_ms']:.6g} ms (relative error {r['relative_error']:+.3g})\n")
+        else:
+            for i in range(spec.M):
+                mine = [r for r in roundings if r["model"] == i]
+                if mine:
+                    worst = max(mine, key=lambda r: abs(r["relative_error"]))
+                    sys.stderr.write(f"note: model {i}: {len(mine)} batch-size latencies rounded to the grid, "
+                                     f"largest relative error {worst['relative_error']:+.3g} at batch size "
+                                     f"{worst['batch_size']}\n")
     kw = dict(solver=a.solver, tol=a.tol, max_states=a.max_states, round_to_grid=a.round)
     if not a.no_cache:
         from optimizer.cache import default_cache_dir
         kw["cache"] = a.cache_dir or default_cache_dir()
 
     doc: dict = {"schema_version": OUTPUT_SCHEMA_VERSION, "spec": spec_to_dict(spec), "results": []}
+    if a.delta == "auto":
+        doc["delta_auto"] = {"delta_ms": spec.delta_ms, "rtol": a.delta_rtol}
     if roundings:
         doc["roundings"] = roundings
     if a.B is not None:
@@ -187,11 +268,15 @@ def main_impl(argv=None) -> int:
         if a.all:
             doc["table"] = table
         rows = [[r["N"], " ".join(map(str, r["B"])), f"{r['throughput_tok_s']:.2f}",
-                 f"{r['eager_throughput_tok_s']:.2f}", f"{r['gain_vs_eager']:.3f}x", r["states"],
-                 r["evaluated"], f"{r['max_residual']:.1e}", f"{r['seconds']:.3f}"]
+                 f"{r['eager_throughput_tok_s']:.2f}", f"{r['gain_vs_eager']:.3f}x", f"{r['per_request_tok_s']:.2f}",
+                 " ".join(_fmt_lat(x if x is not None else float('nan')) for x in r["admission_latency_ms"]),
+                 r["states"], r["evaluated"], f"{r['max_residual']:.1e}", f"{r['seconds']:.3f}"]
                 for r in doc["results"]]
-        headers = ["N", "B*", "tok/s", "eager tok/s", "gain", "states", "evaluated", "residual", "seconds"]
+        headers = ["N", "B*", "tok/s", "eager tok/s", "gain", "tok/s/req", "admission_ms", "states", "evaluated",
+                   "residual", "seconds"]
 
+    if a.check_delta:
+        doc["delta_check"] = _check_delta(spec, Ns, a, kw, doc["results"])
     if a.out:
         write_json_atomic(a.out, doc)
     if a.format == "json":
@@ -211,6 +296,16 @@ def main_impl(argv=None) -> int:
         Ls = ", ".join(f"{x:g}" for x in spec.step_latency_ms)
         sys.stdout.write(f"system: {name}, M = {spec.M}, L = ({Ls}) ms, delta = {spec.delta_ms:g} ms\n")
         sys.stdout.write(format_table(headers, rows) + "\n")
+        if "delta_check" in doc:
+            sys.stdout.write(f"\ndelta check (delta = {spec.delta_ms:g} ms vs {spec.delta_ms / 2:g} ms):\n")
+            sys.stdout.write(format_table(
+                ["N", "tok/s", "tok/s at delta/2", "relative change", "B", "B at delta/2", "B* moved"],
+                [[c["N"], f"{c['throughput_tok_s']:.2f}",
+                  "-" if c["half_delta_throughput_tok_s"] is None else f"{c['half_delta_throughput_tok_s']:.2f}",
+                  "-" if c["relative_change"] is None else f"{c['relative_change']:+.2e}",
+                  " ".join(map(str, c["B"])),
+                  "-" if c["half_delta_B"] is None else " ".join(map(str, c["half_delta_B"])),
+                  c["note"] or ("yes" if c["B_moved"] else "no")] for c in doc["delta_check"]]) + "\n")
         if a.all and "table" in doc:
             sys.stdout.write("\nevaluated thresholds:\n")
             sys.stdout.write(format_table(["N", "B", "tok/s", "states", "transitions", "residual", "seconds"],
@@ -218,6 +313,37 @@ def main_impl(argv=None) -> int:
                                             t["states"], t["transitions"], f"{t['residual']:.1e}",
                                             f"{t['seconds']:.3f}"] for t in doc["table"]]) + "\n")
     return 0
+
+
+def _check_delta(spec, Ns, a, kw, results):
+    """Re-solve at delta/2 and report the change in throughput and B*."""
+    from tr_model.api import evaluate, optimize
+    from tr_model.errors import StateSpaceTooLarge
+
+    half = spec.with_delta(spec.delta_ms / 2)
+    kw = dict(kw, round_to_grid=True)
+    out = []
+    for r in results:
+        N = r["N"]
+        rec = {"N": N, "throughput_tok_s": r["throughput_tok_s"], "B": r["B"], "half_delta_ms": half.delta_ms,
+               "half_delta_throughput_tok_s": None, "half_delta_B": None, "relative_change": None,
+               "B_moved": None, "note": ""}
+        try:
+            if a.B is not None:
+                ev = evaluate(half, N, a.B, **kw)
+                thr, B = ev.throughput_tok_s, list(ev.B)
+            else:
+                o = optimize(half, N, **kw)
+                thr, B = o.throughput_tok_s, list(o.best_B)
+        except StateSpaceTooLarge:
+            rec["note"] = "not affordable (exceeds --max-states)"
+            out.append(rec)
+            continue
+        rec.update(half_delta_throughput_tok_s=thr, half_delta_B=B,
+                   relative_change=(thr - r["throughput_tok_s"]) / r["throughput_tok_s"],
+                   B_moved=(B != r["B"]))
+        out.append(rec)
+    return out
 
 
 def main(argv=None) -> int:

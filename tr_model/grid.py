@@ -1,0 +1,130 @@
+r"""Choosing the time quantum ``delta`` and reading batch-size-dependent latency tables.
+
+Coarsest grid
+-------------
+Given the latencies the chain will use, :math:`\{L\}` (every ``L_i``, or
+every ``L_i(b)`` for the batch sizes that can occur), we want the largest
+:math:`\delta` such that each latency rounds to a whole number of quanta
+within a relative error ``rtol``:
+
+.. math:: \max_L \frac{|\,\max(1,\operatorname{round}(L/\delta))\,\delta - L\,|}{L} \le \mathrm{rtol}.
+
+The chain's size grows like :math:`1/\delta` per running model, so the
+coarsest admissible grid is the cheapest faithful one.  Latency L admits
+:math:`\delta \in \bigcup_q [L(1-\mathrm{rtol})/q,\ L(1+\mathrm{rtol})/q]`;
+the feasible set is the intersection over all L, so its supremum is one of
+the right ends :math:`L(1+\mathrm{rtol})/m`.  We test those candidates (and
+the exact hits :math:`L/m`) from the largest down and return the first that
+passes; a fine enough grid always passes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from tr_model.errors import SpecError
+from tr_model.spec import LatencyCurve, SystemSpec
+
+
+def grid_errors(latencies: np.ndarray, delta: float) -> np.ndarray:
+    q = np.maximum(1.0, np.round(latencies / delta))
+    return (q * delta - latencies) / latencies
+
+
+def coarsest_delta(latencies: Sequence[float], rtol: float = 0.01, min_delta: float = 1e-4) -> float:
+    """The largest quantum representing every latency within relative error ``rtol``."""
+    if not (0 < rtol < 0.5):
+        raise SpecError(f"--delta-rtol must be in (0, 0.5), got {rtol:g}")
+    L = np.unique(np.asarray(latencies, dtype=np.float64))
+    if L.size == 0 or (L <= 0).any():
+        raise SpecError("latencies must be > 0 to choose a grid")
+    cands = []
+    lmin = float(L.min())
+    for Lv in L:
+        mmax = int(math.ceil(Lv / max(min_delta, 2 * rtol * lmin * 0.5))) + 1
+        m = np.arange(1, min(mmax, 200_000) + 1)
+        cands.append(Lv / m)
+        cands.append(Lv * (1 + rtol) / m)
+    c = np.unique(np.concatenate(cands))[::-1]
+    c = c[c <= lmin * (1 + rtol)]
+    for start in range(0, c.size, 4096):
+        block = c[start:start + 4096]
+        q = np.maximum(1.0, np.round(L[None, :] / block[:, None]))
+        err = np.abs(q * block[:, None] - L[None, :]) / L[None, :]
+        ok = np.flatnonzero(err.max(axis=1) <= rtol * (1 + 1e-12))
+        if ok.size:
+            return float(block[ok[0]])
+    raise SpecError(f"no grid of at least {min_delta:g} ms represents every latency within {rtol:g}")
+
+
+def spec_latencies(spec: SystemSpec, N_max: int) -> list[float]:
+    """Every latency the chain can use up to concurrency ``N_max``."""
+    out = []
+    for i in range(spec.M):
+        sizes = range(1, N_max + 1) if spec.batch_dependent else (1,)
+        cap = spec.caps(N_max)[i]
+        out.extend(spec.latency_ms(i, b) for b in sizes if b <= cap)
+    return out
+
+
+def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | None]:
+    """Read per-model L_i(b) from JSON or CSV.
+
+    JSON: a list of M entries (``null``, ``{"batch_size": [...],
+    "step_latency_ms": [...]}`` or ``{"intercept_ms": a, "per_request_ms": c}``),
+    or an object with that list under ``latency_curves``, or a profiler
+    profile/spec document carrying ``latency_curves``.  CSV: header
+    ``model,batch_size,step_latency_ms``, one row per measured point.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f"--L-table: file {path!r} does not exist") from None
+    except OSError as e:
+        raise SpecError(f"--L-table: cannot read {path!r}: {e.strerror}") from None
+    if path.lower().endswith(".csv"):
+        rows: dict[int, list[tuple[int, float]]] = {}
+        reader = csv.DictReader(text.splitlines())
+        need = {"model", "batch_size", "step_latency_ms"}
+        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+            raise SpecError(f"--L-table {path!r}: CSV header must have columns model,batch_size,step_latency_ms")
+        for n, row in enumerate(reader, start=2):
+            try:
+                i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
+            except (TypeError, ValueError):
+                raise SpecError(f"--L-table {path!r} line {n}: model and batch_size must be integers, "
+                                f"step_latency_ms a number") from None
+            if not 0 <= i < M:
+                raise SpecError(f"--L-table {path!r} line {n}: model {i} is not in 0..{M - 1}")
+            rows.setdefault(i, []).append((b, v))
+        curves: list[LatencyCurve | None] = []
+        for i in range(M):
+            pts = sorted(rows.get(i, []))
+            if not pts:
+                curves.append(None)
+                continue
+            try:
+                curves.append(LatencyCurve("table", batch_size=tuple(p[0] for p in pts),
+                                           step_latency_ms=tuple(p[1] for p in pts)))
+            except SpecError as e:
+                raise SpecError(f"--L-table {path!r}, model {i}: {e}") from None
+        return curves
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"--L-table {path!r} is not valid JSON: {e}") from None
+    if isinstance(doc, dict):
+        doc = doc.get("latency_curves", doc)
+    if not isinstance(doc, list):
+        raise SpecError(f"--L-table {path!r}: expected a list of {M} latency curves or 'latency_curves'")
+    if len(doc) != M:
+        raise SpecError(f"--L-table {path!r} has {len(doc)} curves but the system has M = {M} models")
+    return [None if c is None else LatencyCurve.from_dict(c, f"--L-table[{i}]") for i, c in enumerate(doc)]

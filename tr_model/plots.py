@@ -1,0 +1,334 @@
+"""Figures of predicted throughput: B over the feasible set, B* marked, the eager baseline drawn.
+
+Everything here builds :class:`matplotlib.figure.Figure` objects directly
+(never ``matplotlib.pyplot``), so no global figure registry or interactive
+backend is touched: the module is safe on headless servers and inside other
+applications.  Files are written atomically (a temp file in the target folder,
+then ``os.replace``), the format chosen by the extension: ``.png``, ``.svg`` or
+``.pdf``.
+
+What is plotted (:func:`throughput_figure`), one panel per concurrency N:
+
+* **M = 2, few B0 values** (at most :data:`MAX_LINES`): one line per ``B0``,
+  throughput ``T(B0, B1)`` in tokens/s over ``B1``;
+* **M = 2, many B0 values**: a heatmap over ``(B1, B0)`` (the feasible set
+  ``B0 + B1 - 2 < N`` is a triangle; infeasible cells are blank);
+* **M > 2**: a ranked dot plot of the best :data:`MAX_RANKED` vectors.
+
+In every panel B* (the argmax, with the optimizer's tie rule) is marked with a
+star and the eager baseline ``B = (1, ..., 1)`` is a dashed line (or a ring on
+the heatmap).  Other figures used by the notebooks: :func:`gain_figure`
+(B* and eager throughput over N), :func:`presets_figure` and
+:func:`bstar_heatmap_figure`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from tr_model.errors import SpecError
+
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+MAX_LINES = 6
+MAX_RANKED = 15
+THROUGHPUT_LABEL = "throughput (tokens/s, all N requests)"
+
+__all__ = ["FORMATS", "plot_throughput", "throughput_figure", "gain_figure", "presets_figure",
+           "bstar_heatmap_figure", "sensitivity_figure", "save_figure"]
+
+
+def _new_figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas; no pyplot, no global registry
+    return fig
+
+
+def _format_of(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise SpecError(f"plot file {path!r}: unsupported extension {ext or '(none)'!r}; "
+                        f"use one of {', '.join(sorted(FORMATS))}")
+    return FORMATS[ext]
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> None:
+    """Write ``fig`` to ``path`` atomically, in the format its extension names (png, svg, pdf).
+
+    SVG text is kept as text (not glyph outlines) so that labels stay searchable.
+    """
+    import matplotlib
+
+    path = os.fspath(path)
+    fmt = _format_of(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise SpecError(f"cannot write plot {path!r}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # rc_context restores every setting on exit: nothing leaks into the caller's matplotlib state
+            with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tr-model", "pdf.fonttype": 42}):
+                fig.savefig(f, format=fmt, dpi=dpi, metadata=_metadata(fmt))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a plot is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _metadata(fmt: str) -> dict:
+    # no creation dates: the same optima give the same file
+    if fmt == "svg":
+        return {"Date": None}
+    if fmt == "pdf":
+        return {"CreationDate": None}
+    return {}
+
+
+def _check_optima(optima: Any) -> list:
+    if optima is None:
+        raise SpecError("plot: no optimization results to plot")
+    opts = [optima] if hasattr(optima, "best_B") else list(optima)
+    if not opts:
+        raise SpecError("plot: no optimization results to plot")
+    for o in opts:
+        if not hasattr(o, "best_B") or not hasattr(o, "evaluations"):
+            raise SpecError(f"plot: expected optimizer.search.Optimum objects, got {type(o).__name__}")
+    return opts
+
+
+def _fmt_B(B: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(b)) for b in B) + ")"
+
+
+def _points(o) -> dict[tuple[int, ...], float]:
+    pts = {tuple(int(b) for b in e.B): float(e.throughput_tok_s) for e in o.evaluations}
+    pts.setdefault(tuple(int(b) for b in o.best_B), float(o.throughput_tok_s))
+    pts.setdefault((1,) * len(o.best_B), float(o.eager_throughput_tok_s))
+    return pts
+
+
+def _panel_title(o) -> str:
+    return (f"N = {o.N}: B* = {_fmt_B(o.best_B)}, {o.throughput_tok_s:.1f} tok/s "
+            f"({o.gain_vs_eager:.3f}x eager)")
+
+
+def _lines_panel(ax, o, pts) -> None:
+    b0s = sorted({B[0] for B in pts})
+    for b0 in b0s:
+        xs = sorted(B[1] for B in pts if B[0] == b0)
+        ys = [pts[(b0, x)] for x in xs]
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.3, label=f"B0 = {b0}")
+    ax.axhline(o.eager_throughput_tok_s, color="0.35", linestyle="--", linewidth=1.0,
+               label=f"eager B = (1, 1): {o.eager_throughput_tok_s:.1f}")
+    ax.plot([o.best_B[1]], [o.throughput_tok_s], marker="*", markersize=15, color="crimson",
+            markeredgecolor="black", linestyle="none", zorder=5, label=f"B* = {_fmt_B(o.best_B)}")
+    ax.set_xlabel("B1: large-model threshold (requests)")
+    ax.set_ylabel(THROUGHPUT_LABEL)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small", loc="best")
+
+
+def _heatmap_panel(fig, ax, o, pts) -> None:
+    n0 = max(B[0] for B in pts)
+    n1 = max(B[1] for B in pts)
+    grid = np.full((n0, n1), np.nan)
+    for (b0, b1), v in pts.items():
+        grid[b0 - 1, b1 - 1] = v
+    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", aspect="auto", cmap="viridis",
+                   extent=(0.5, n1 + 0.5, 0.5, n0 + 0.5), interpolation="nearest")
+    cb = fig.colorbar(im, ax=ax, shrink=0.9)
+    cb.set_label(THROUGHPUT_LABEL)
+    ax.plot([o.best_B[1]], [o.best_B[0]], marker="*", markersize=16, color="crimson", markeredgecolor="white",
+            linestyle="none", label=f"B* = {_fmt_B(o.best_B)}: {o.throughput_tok_s:.1f} tok/s")
+    ax.plot([1], [1], marker="o", markersize=11, markerfacecolor="none", markeredgecolor="black",
+            markeredgewidth=1.8, linestyle="none", label=f"eager (1, 1): {o.eager_throughput_tok_s:.1f} tok/s")
+    ax.set_xlabel("B1: large-model threshold (requests)")
+    ax.set_ylabel("B0: small-model threshold (requests)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="x-small", loc="upper right")
+
+
+def _ranked_panel(ax, o, pts) -> None:
+    ranked = sorted(pts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_RANKED]
+    eager = (1,) * len(o.best_B)
+    if eager not in dict(ranked):
+        ranked.append((eager, pts[eager]))
+    ys = np.arange(len(ranked))[::-1]
+    vals = [v for _, v in ranked]
+    colors = ["crimson" if B == tuple(o.best_B) else ("0.35" if B == eager else "tab:blue") for B, _ in ranked]
+    ax.hlines(ys, min(vals) * 0.98, vals, color="0.85", linewidth=1)
+    ax.scatter(vals, ys, c=colors, s=30, zorder=3)
+    best_y = ys[[B for B, _ in ranked].index(tuple(o.best_B))]
+    ax.plot([o.throughput_tok_s], [best_y], marker="*", markersize=15, color="crimson", markeredgecolor="black",
+            linestyle="none", zorder=4, label=f"B* = {_fmt_B(o.best_B)}")
+    ax.axvline(o.eager_throughput_tok_s, color="0.35", linestyle="--", linewidth=1.0,
+               label=f"eager {_fmt_B(eager)}: {o.eager_throughput_tok_s:.1f}")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([_fmt_B(B) for B, _ in ranked], fontsize="x-small")
+    ax.set_xlabel(THROUGHPUT_LABEL)
+    ax.set_ylabel(f"threshold vector B (top {min(MAX_RANKED, len(pts))} of {len(pts)})")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize="x-small", loc="lower right")
+
+
+def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES):
+    """A figure of throughput over the evaluated thresholds, one panel per N (see the module docstring).
+
+    ``optima``: ``optimizer.search.Optimum`` objects (``tr_model.optimize`` /
+    ``optimize_many``), or one of them.
+    """
+    opts = _check_optima(optima)
+    M = len(opts[0].best_B)
+    n = len(opts)
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig = _new_figure(5.2 * ncols, 4.0 * nrows + 0.4)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    all_pts = [_points(o) for o in opts]
+    # one panel kind for the whole figure, so that panels compare at a glance
+    lines = M == 2 and max(len({B[0] for B in pts}) for pts in all_pts) <= max_lines
+    for k, (o, pts) in enumerate(zip(opts, all_pts)):
+        ax = axes[k // ncols][k % ncols]
+        if lines:
+            _lines_panel(ax, o, pts)
+        elif M == 2:
+            _heatmap_panel(fig, ax, o, pts)
+        else:
+            _ranked_panel(ax, o, pts)
+        ax.set_title(_panel_title(o), fontsize="small")
+    for k in range(n, nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    fig.suptitle(f"Predicted decode throughput by delayed-batching thresholds (M = {M})", fontsize="medium")
+    return fig
+
+
+def plot_throughput(optima: Iterable[Any], path: str | os.PathLike) -> None:
+    """Write :func:`throughput_figure` of ``optima`` to ``path`` (.png, .svg or .pdf), atomically.
+
+    An unsupported extension raises :class:`~tr_model.errors.SpecError` before anything is computed.
+    """
+    _format_of(os.fspath(path))
+    save_figure(throughput_figure(optima), path)
+
+
+def gain_figure(optima: Iterable[Any]):
+    """B* and eager throughput over N (left) and the gain of delayed batching (right)."""
+    opts = sorted(_check_optima(optima), key=lambda o: o.N)
+    Ns = [o.N for o in opts]
+    fig = _new_figure(10.5, 4.0)
+    a1, a2 = fig.subplots(1, 2)
+    a1.plot(Ns, [o.throughput_tok_s for o in opts], marker="o", label="delayed batching, B*")
+    a1.plot(Ns, [o.eager_throughput_tok_s for o in opts], marker="s", linestyle="--", color="0.35",
+            label="eager, B = (1, ..., 1)")
+    for o in opts:
+        a1.annotate(_fmt_B(o.best_B), (o.N, o.throughput_tok_s), textcoords="offset points", xytext=(-4, 6),
+                    fontsize="x-small", ha="right")
+    a1.set_xlabel("concurrency N (requests)")
+    a1.set_ylabel(THROUGHPUT_LABEL)
+    a1.legend(fontsize="small")
+    a1.grid(True, alpha=0.3)
+    a2.plot(Ns, [o.gain_vs_eager for o in opts], marker="o", color="tab:green")
+    a2.axhline(1.0, color="0.35", linestyle="--", linewidth=1.0)
+    a2.set_xlabel("concurrency N (requests)")
+    a2.set_ylabel("gain over eager (x)")
+    a2.grid(True, alpha=0.3)
+    return fig
+
+
+def presets_figure(table):
+    """Throughput and gain over N for several systems.
+
+    ``table``: a pandas DataFrame with columns ``system``, ``N``,
+    ``throughput_tok_s``, ``eager_throughput_tok_s``, ``gain_vs_eager`` (as
+    returned by :func:`tr_model.sensitivity.compare_systems`).
+    """
+    fig = _new_figure(11.0, 4.2)
+    a1, a2 = fig.subplots(1, 2)
+    for name, g in table.groupby("system", sort=False):
+        g = g.sort_values("N")
+        line, = a1.plot(g["N"], g["throughput_tok_s"], marker="o", label=f"{name} (B*)")
+        a1.plot(g["N"], g["eager_throughput_tok_s"], linestyle="--", color=line.get_color(), linewidth=1.0)
+        a2.plot(g["N"], g["gain_vs_eager"], marker="o", color=line.get_color(), label=name)
+    a1.set_xlabel("concurrency N (requests)")
+    a1.set_ylabel(THROUGHPUT_LABEL)
+    a1.set_title("solid: B*, dashed: eager", fontsize="small")
+    a1.legend(fontsize="x-small")
+    a1.grid(True, alpha=0.3)
+    a2.axhline(1.0, color="0.35", linestyle="--", linewidth=1.0)
+    a2.set_xlabel("concurrency N (requests)")
+    a2.set_ylabel("gain of delayed batching over eager (x)")
+    a2.legend(fontsize="x-small")
+    a2.grid(True, alpha=0.3)
+    return fig
+
+
+def bstar_heatmap_figure(table, *, value: str = "gain_vs_eager"):
+    """Heatmap over (escalation probability p, latency ratio L1/L0), cells annotated with B*.
+
+    ``table``: a DataFrame with columns ``p``, ``latency_ratio``, ``best_B``
+    and ``value`` (as returned by :func:`tr_model.sensitivity.bstar_grid`).
+    """
+    ps = sorted(table["p"].unique())
+    rs = sorted(table["latency_ratio"].unique())
+    grid = np.full((len(rs), len(ps)), np.nan)
+    labels = {}
+    for _, row in table.iterrows():
+        i, j = rs.index(row["latency_ratio"]), ps.index(row["p"])
+        grid[i, j] = row[value]
+        labels[(i, j)] = ",".join(str(b) for b in row["best_B"])
+    fig = _new_figure(1.0 + 0.75 * len(ps) + 1.5, 1.0 + 0.5 * len(rs) + 0.8)
+    ax = fig.subplots()
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="magma")
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label("gain of B* over eager (x)" if value == "gain_vs_eager" else value)
+    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    for (i, j), s in labels.items():
+        dark = (grid[i, j] - lo) < 0.55 * (hi - lo) if hi > lo else True
+        ax.text(j, i, s, ha="center", va="center", fontsize="x-small", color="white" if dark else "black")
+    ax.set_xticks(range(len(ps)))
+    ax.set_xticklabels([f"{p:g}" for p in ps])
+    ax.set_yticks(range(len(rs)))
+    ax.set_yticklabels([f"{r:g}" for r in rs])
+    ax.set_xlabel("escalation probability p (per token)")
+    ax.set_ylabel("latency ratio L1 / L0")
+    N = table["N"].iloc[0] if "N" in table else None
+    ax.set_title(f"B* = (B0, B1) at N = {N}" if N is not None else "B* = (B0, B1)", fontsize="small")
+    return fig
+
+
+def sensitivity_figure(table):
+    """Threshold regret (left) and prediction error (right) against the relative profiling error.
+
+    ``table``: the DataFrame of :func:`tr_model.sensitivity.profiling_sensitivity`.
+    """
+    fig = _new_figure(10.5, 4.0)
+    a1, a2 = fig.subplots(1, 2)
+    for name, g in table.groupby("parameter", sort=False):
+        g = g.sort_values("rel_error")
+        a1.plot(100 * g["rel_error"], 100 * g["regret"], marker="o", label=name)
+        a2.plot(100 * g["rel_error"], 100 * g["prediction_error"], marker="o", label=name)
+    a1.set_xlabel("error of the profiled value (%)")
+    a1.set_ylabel("throughput lost by tuned B vs true B* (%)")
+    a2.set_xlabel("error of the profiled value (%)")
+    a2.set_ylabel("predicted / achieved throughput - 1 (%)")
+    for a in (a1, a2):
+        a.axhline(0.0, color="0.35", linewidth=0.8)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize="small", title="parameter", title_fontsize="small")
+    return fig

@@ -71,6 +71,10 @@ class Ranking:
                  "tied_with_best": e.tied_with_best, "request_steps": e.result.request_steps}
                 for e in self.entries]
 
+    def to_dict(self) -> dict:
+        return {"schema_version": 1, "best_B": list(self.best_B), "tie_set": [list(b) for b in self.tie_set],
+                "confidence": self.confidence, "seed": self.seed, "candidates": self.to_rows()}
+
 
 @dataclass(frozen=True)
 class SimulatedOptimum:
@@ -93,6 +97,18 @@ class SimulatedOptimum:
     seconds: float = 0.0
     method: str = "simulate"
     table: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """JSON form (``schema_version`` 1); the table is left out (see ``ranking`` and ``table``)."""
+        return {"schema_version": 1, "method": self.method, "N": self.N, "best_B": list(self.best_B),
+                "throughput_tok_s": self.throughput_tok_s, "ci95_tok_s": self.ci95_tok_s,
+                "tie_set": [list(b) for b in self.tie_set],
+                "eager_throughput_tok_s": self.eager_throughput_tok_s, "eager_ci95_tok_s": self.eager_ci95_tok_s,
+                "gain_vs_eager": self.gain_vs_eager, "gain_ci95": self.gain_ci95,
+                "rounds": [{"candidates": c, "request_steps_each": st} for c, st in self.rounds],
+                "evaluated": self.evaluated, "simulations": self.simulations,
+                "request_steps": self.request_steps, "seconds": self.seconds,
+                "finalists": self.ranking.to_rows()}
 
 
 def feasible_thresholds(M: int, N: int) -> list[tuple[int, ...]]:
@@ -167,7 +183,11 @@ def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] 
                            budget_s: float = 60.0, seed: int = 0, jitter: float = 0.0, trace: Any = None,
                            request_tokens: float | None = None, finalists: int = 4, min_steps: int = 20_000,
                            max_steps: int = 50_000_000) -> SimulatedOptimum:
-    """Search B* by successive halving under a wall-clock budget (seconds); see the module docstring."""
+    """Search B* by successive halving under a wall-clock budget (seconds); see the module docstring.
+
+    ``min_steps`` per candidate and round takes precedence over ``budget_s``
+    (a tiny budget over a large feasible set overruns it).
+    """
     t_start = time.perf_counter()
     M = spec.M
     if isinstance(N, bool) or int(N) != N or N < 1:

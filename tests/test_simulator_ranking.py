@@ -91,3 +91,14 @@ def test_simulation_agrees_with_the_exact_chain(spec, N, B):
     assert abs(r.throughput_tok_s - ex.throughput_tok_s) <= 1.5 * r.throughput_ci95_tok_s
     for i in range(spec.M):
         assert r.mean_waiting[i] == pytest.approx(ex.mean_waiting[i], rel=0.03, abs=0.005)
+
+
+def test_optimum_and_ranking_serialise_to_json():
+    import json
+    got = optimize_by_simulation(R2R, 3, budget_s=0.5, seed=1)
+    d = json.loads(json.dumps(got.to_dict()))
+    assert d["schema_version"] == 1 and d["best_B"] == list(got.best_B)
+    assert d["evaluated"] == len(feasible_thresholds(2, 3)) == len(got.table)
+    assert all(list(b) in [r["B"] for r in d["finalists"]] for b in got.tie_set)
+    rk = rank_candidates(R2R, 3, [(1, 1), (1, 2)], steps=20_000)
+    assert json.loads(json.dumps(rk.to_dict()))["best_B"] == list(rk.best_B)

@@ -1,0 +1,27 @@
+"""Errors of :mod:`shadow_prefill` that a user can cause.
+
+They subclass :class:`tr_model.errors.TRError`, so ``tr-shadow`` (like the
+project's other CLIs) turns them into one ``error: ...`` line on stderr and
+exit code 2.  Messages about an input file name the file and, for line-based
+formats, the 1-based line number (``trace.jsonl:17: ...``).
+"""
+
+from __future__ import annotations
+
+from tr_model.errors import TRError
+
+__all__ = ["ShadowError", "InputFileError"]
+
+
+class ShadowError(TRError, ValueError):
+    """An invalid option, parameter or value (exit code 2)."""
+
+
+class InputFileError(ShadowError):
+    """A malformed or unreadable input file; the message names the file and line."""
+
+    def __init__(self, path: str, message: str, line: int | None = None):
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")

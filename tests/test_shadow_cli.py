@@ -1,0 +1,180 @@
+"""``tr-shadow`` end to end: every subcommand, every output format, and bad input (``error:``, exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shadow_prefill.cli import main
+
+MODELS = {"tiny": {"size": "1B", "input_price": 0.1, "output_price": 0.2},
+          "mid": {"size": "8B", "input_price": 0.3, "output_price": 0.6},
+          "big": {"size": "70B", "input_price": 1.0, "output_price": 2.0}}
+
+
+@pytest.fixture
+def matrix(tmp_path):
+    qs = []
+    for i in range(60):
+        qs.append({"question": "word " * (5 + i % 7), "cluster_id": i // 20,
+                   "scores": {"tiny": float(i % 2), "mid": float(i % 3 == 0), "big": float(i % 5 != 0)}})
+    q = tmp_path / "queries.json"
+    q.write_text(json.dumps(qs, indent=1))
+    (tmp_path / "models.json").write_text(json.dumps(MODELS, indent=1))
+    return q
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_stats_matrix_all_pairs_formats(capsys, matrix, tmp_path):
+    rc, out, err = run(capsys, "stats", "--matrix", str(matrix), "--session-length", "fixed:6", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["tool"] == "tr-shadow stats"
+    assert [r["models"] for r in doc["results"]] == [["tiny", "mid"], ["tiny", "big"], ["mid", "big"]]
+    r = doc["results"][0]
+    assert r["calls"] == 60 and r["sessions"] == 10
+    for k in ("switch_share", "hit_all", "hit_switch", "hit_all_cap", "prompt_switch_p99_tokens"):
+        assert k in r
+    assert r["cost"]["routed_usd"] > 0 and set(r["accuracy"]) == {"routed", "only:tiny", "only:mid"}
+    assert doc["workload"]["source"] == "matrix"
+    rc, out, _ = run(capsys, "stats", "--matrix", str(matrix), "--format", "csv", "--pair", "big", "tiny")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 1 and rows[0]["models"] == "tiny/big" and "cost.routed_usd" in rows[0]
+    rc, out, _ = run(capsys, "stats", "--matrix", str(matrix))
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["workload", "models", "calls"] and len(lines) == 2 + 3
+    # --out writes the file and prints nothing
+    dest = tmp_path / "stats.json"
+    rc, out, _ = run(capsys, "stats", "--matrix", str(matrix), "--format", "json", "--out", str(dest))
+    assert rc == 0 and out == "" and len(json.loads(dest.read_text())["results"]) == 3
+
+
+def test_sessions_then_stats_on_the_trace(capsys, matrix, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    rc, out, err = run(capsys, "sessions", "--matrix", str(matrix), "--pair", "tiny", "big", "--out", str(trace),
+                       "--seed", "3")
+    assert rc == 0 and err == ""  # quiet when stderr is not a terminal
+    assert len(trace.read_text().splitlines()) == 60
+    rc, out, err = run(capsys, "stats", "--trace", str(trace), "--prices", str(tmp_path / "models.json"),
+                       "--format", "json", "--seed", "3", "--cache-capacity", "5000", "--cache-capacity", "big=2000")
+    assert rc == 0, err
+    r = json.loads(out)["results"][0]
+    assert r["models"] == ["tiny", "big"] or r["models"] == ["big", "tiny"]
+    assert r["cache_capacity_tokens"] == {"tiny": 5000, "big": 2000}
+    assert r["accuracy"]["routed"] >= 0
+    # the same numbers as routing the matrix directly
+    rc, out2, _ = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", "--seed", "3",
+                      "--format", "json", "--cache-capacity", "5000", "--cache-capacity", "big=2000")
+    r2 = json.loads(out2)["results"][0]
+    for k in ("calls", "switch_share", "hit_all", "hit_switch", "hit_all_cap", "prompt_switch_p99_tokens"):
+        assert r[k] == r2[k]
+    assert r["cost"]["routed_usd"] == pytest.approx(r2["cost"]["routed_usd"])
+
+
+def test_synthetic_with_latency(capsys, tmp_path):
+    rc, out, err = run(capsys, "stats", "--synthetic", "--sessions", "30", "--switch-prob", "0.4", "--latency",
+                       "--model-config", "small=qwen3-0.6b", "--model-config", "large=qwen3-8b", "--gpu", "h200",
+                       "--format", "json")
+    assert rc == 0, err
+    r = json.loads(out)["results"][0]
+    assert r["latency"]["switch_slowdown"] > 1.0
+    assert 0.3 < r["switch_share"] < 0.5
+    rc, out, _ = run(capsys, "stats", "--synthetic", "--sessions", "30", "--latency", "--model-config",
+                     "small=qwen3-0.6b", "--model-config", "large=qwen3-8b")
+    assert "sw-slow" in out.splitlines()[0]
+
+
+def test_latency_command(capsys, tmp_path):
+    rc, out, _ = run(capsys, "latency", "--model", "llama-3.1-70b", "--format", "json", "--prompt", "4096")
+    d = json.loads(out)
+    assert rc == 0 and d["tp"] == 4 and d["ttft_slo_s"] >= 1.0 and d["kv_bytes_per_token"] == 327680
+    rc, out, _ = run(capsys, "latency", "--model", "qwen3-8b", "--gpu", "h200", "--tp", "2")
+    assert "TPOT SLO" in out and "tensor parallel" in out
+    cfg = tmp_path / "tiny"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                 "intermediate_size": 128, "vocab_size": 100}))
+    rc, out, _ = run(capsys, "latency", "--model", str(cfg), "--format", "json")
+    assert rc == 0 and json.loads(out)["name"] == "tiny"
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"schema_version": 1, "kind": "iteration_points",
+                                "points": [{"n_decode": b, "decode_context": 100 * b, "time_ms": 5 + 0.1 * b}
+                                           for b in (1, 2, 4, 8)]}))
+    saved = tmp_path / "lm.json"
+    rc, out, _ = run(capsys, "latency", "--profile", str(prof), "--save-model", str(saved))
+    assert rc == 0 and "fit R^2" in out
+    # a saved latency model plugs into stats --latency
+    rc, out, err = run(capsys, "stats", "--synthetic", "--sessions", "5", "--latency", "--model-config",
+                       f"small={saved}", "--model-config", "large=qwen3-8b", "--format", "json")
+    assert rc == 0, err
+    assert json.loads(out)["results"][0]["latency"]["ttft_all_s"] > 0
+
+
+def bad(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_bad_inputs(capsys, matrix, tmp_path):
+    tr = tmp_path / "bad.jsonl"
+    tr.write_text(json.dumps({"session": "a", "step": 0, "model": "m", "prompt_tokens": 5, "new_input_tokens": 5,
+                              "output_tokens": 1, "gap_s": 0, "append_only": True}) + "\n{broken\n")
+    assert f"{tr}:2: invalid JSON" in bad(capsys, "stats", "--trace", str(tr))
+    assert "no such file" in bad(capsys, "stats", "--trace", str(tmp_path / "nope.jsonl"))
+    assert "--pair applies to --matrix only" in bad(capsys, "stats", "--synthetic", "--pair", "a", "b")
+    assert "not in the matrix" in bad(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "huge")
+    assert "session length" in bad(capsys, "stats", "--synthetic", "--session-length", "often")
+    assert "lognormal" in bad(capsys, "stats", "--synthetic", "--tool-tokens", "lots")
+    assert "not in the workload" in bad(capsys, "stats", "--synthetic", "--cache-capacity", "x=5")
+    assert "integer" in bad(capsys, "stats", "--synthetic", "--cache-capacity", "many")
+    assert "context window" in bad(capsys, "stats", "--synthetic", "--context-window", "100")
+    assert "--model-config" in bad(capsys, "stats", "--synthetic", "--sessions", "3", "--latency")
+    assert "no built-in architecture" in bad(capsys, "latency", "--model", "gpt-17")
+    assert "neither divides" in bad(capsys, "latency", "--model", "qwen3-8b", "--tp", "3")
+    assert "--matrix needs --pair" in bad(capsys, "sessions", "--matrix", str(matrix), "--out", str(tmp_path / "o"))
+    prices = tmp_path / "p.json"
+    prices.write_text(json.dumps({"small": {"input_price": 1, "output_price": 1}}))
+    assert "no price" in bad(capsys, "stats", "--synthetic", "--sessions", "3", "--prices", str(prices))
+    assert "--tokenizer applies to --matrix only" in bad(capsys, "stats", "--synthetic", "--tokenizer", "x")
+    # nothing half-written: a failed sessions run leaves no file
+    out = tmp_path / "never.jsonl"
+    bad(capsys, "sessions", "--trace", str(tr), "--out", str(out))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["stats", "--synthetic", "--cached-fraction", "2"],
+                                  ["stats", "--synthetic", "--format", "xml"], ["nope"],
+                                  ["stats", "--synthetic", "--session-rate", "0"]])
+def test_usage_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_subprocess_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    r = subprocess.run([sys.executable, "-m", "shadow_prefill.cli", "stats", "--synthetic", "--sessions", "5",
+                        "--format", "csv"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("workload,models,sessions,calls")
+    tr = tmp_path / "bad.jsonl"
+    tr.write_text('{"session": "a"}\n')
+    r = subprocess.run([sys.executable, "-m", "shadow_prefill.cli", "stats", "--trace", str(tr)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr == f"error: {tr}:1: missing field 'step'\n"

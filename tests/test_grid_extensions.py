@@ -82,3 +82,25 @@ def test_cli_l_table_caps_and_admission(run_tool, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: --max-batch")
     bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--delta", "fine")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --delta")
+
+
+def test_cli_method_simulate_and_auto(run_tool):
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--B", "1", "3", "--method",
+                 "simulate", "--sim-steps", "400000", "--format", "json", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    sim = json.loads(r.stdout)["results"][0]
+    assert sim["method"] == "simulate" and sim["ci95_tok_s"] > 0
+    # the reference value 207.95 tok/s lies within a few half-widths
+    assert abs(sim["throughput_tok_s"] - 207.95) <= 3 * sim["ci95_tok_s"]
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--method", "auto",
+                 "--format", "json", "--no-cache")
+    exact = json.loads(r.stdout)["results"][0]
+    assert exact["method"] == "exact" and exact["B"] == [1, 2]
+    # too big for the exact cap: auto falls back to the simulator
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "6", "--method", "auto",
+                 "--max-states", "30", "--sim-budget", "3", "--format", "json", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["results"][0]
+    assert res["method"] == "simulate" and res["tie_set"] and [1, 1] != res["B"]
+    bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--trace", "x.jsonl")
+    assert bad.returncode == 2 and "--method" in bad.stderr

@@ -59,13 +59,26 @@ def build_parser() -> Parser:
                    f"(default {' '.join(map(str, DEFAULT_NS))})")
     s.add_argument("--B", type=int, nargs="+", metavar="B", help="evaluate exactly this threshold vector "
                    "instead of searching")
+    s.add_argument("--method", choices=("exact", "simulate", "auto"), default="exact",
+                   help="exact: the Markov chain (default); simulate: the per-request event simulator (95%% "
+                   "intervals, statistical ties reported); auto: exact when the chain fits under --max-states "
+                   "(default 2,000,000 for auto so the decision is quick), the simulator otherwise")
+    s.add_argument("--trace", metavar="FILE.jsonl", help="simulate: drive routing by a recorded routing trace "
+                   "(non-geometric runs) instead of P")
+    s.add_argument("--sim-budget", type=float, default=60.0, metavar="S", help="simulate: wall-clock budget "
+                   "per N for the threshold search, seconds (default %(default)g)")
+    s.add_argument("--sim-steps", type=int, default=2_000_000, metavar="STEPS", help="simulate with --B: "
+                   "request-steps measured per run (default %(default)s)")
+    s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
+                   "of a log-normal factor on every step latency (default 0)")
+    s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
     s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver (default auto: "
                    "compiled Gauss-Seidel, direct LU fallback)")
     s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
                    "relative to max(pi) (default %(default)g)")
-    s.add_argument("--max-states", type=int, default=dtmc.DEFAULT_MAX_STATES, metavar="S",
-                   help="refuse chains with more states than this (default %(default)s, about 8 GiB at "
-                   "~10 transitions per state: fits comfortably in 24 GB)")
+    s.add_argument("--max-states", type=int, default=None, metavar="S",
+                   help=f"refuse chains with more states than this (default {dtmc.DEFAULT_MAX_STATES:,}, "
+                   "about 8 GiB at ~10 transitions per state: fits comfortably in 24 GB; exit code 3)")
     s.add_argument("--workers", default="auto", metavar="K", help="local worker processes for the search "
                    "(default auto: the machine's cores when the sweep has more than 200 chains to evaluate, "
                    "else 1; results are identical for any K)")
@@ -200,8 +213,19 @@ def main_impl(argv=None) -> int:
     Ns = parse_int_list(a.N, "--N") if a.N else list(DEFAULT_NS)
     if not Ns:
         raise SpecError("--N: no concurrency given")
+    import dtmc
+    if a.max_states is None:
+        a.max_states = 2_000_000 if a.method == "auto" else dtmc.DEFAULT_MAX_STATES
     if a.max_states < 1:
         raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
+    if a.trace and a.method == "exact":
+        raise SpecError("--trace drives the simulator: use it with --method simulate or auto")
+    if not (a.sim_budget > 0):
+        raise SpecError(f"--sim-budget must be > 0 seconds, got {a.sim_budget:g}")
+    if a.sim_steps < 1000:
+        raise SpecError(f"--sim-steps must be >= 1000, got {a.sim_steps}")
+    if not (0 <= a.jitter < 10):
+        raise SpecError(f"--jitter must be in [0, 10), got {a.jitter:g}")
     workers = _parse_workers(a.workers, spec.M, Ns)
     if not (a.tol > 0):
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
@@ -216,7 +240,8 @@ def main_impl(argv=None) -> int:
                              f"{a.delta_rtol:g} relative)\n")
     # validate the grid once, up front, for every N (batch-dependent latencies depend on N)
     roundings = []
-    for N in Ns:
+    for N in Ns if a.method != "simulate" else ():
+        # the simulator runs in continuous time and needs no grid
         _, r = spec.quanta_table(N, round_to_grid=a.round)
         roundings.extend(x for x in r if x not in roundings)
     if roundings and a.format == "table":
@@ -242,7 +267,10 @@ def main_impl(argv=None) -> int:
         doc["delta_auto"] = {"delta_ms": spec.delta_ms, "rtol": a.delta_rtol}
     if roundings:
         doc["roundings"] = roundings
-    if a.B is not None:
+    if a.method != "exact":
+        _run_simulation_methods(spec, Ns, a, kw, doc)
+        rows, headers = _simulation_rows(doc)
+    elif a.B is not None:
         for N in Ns:
             ev = evaluate(spec, N, a.B, **kw)
             doc["results"].append(ev.to_dict())
@@ -252,7 +280,7 @@ def main_impl(argv=None) -> int:
                  r["states"], r["transitions"], f"{r['residual']:.1e}", f"{r['seconds']:.3f}"]
                 for r in doc["results"]]
         headers = ["N", "B", "tok/s", "tok/s/req", "admission_ms", "states", "transitions", "residual", "seconds"]
-    else:
+    if a.method == "exact" and a.B is None:
         prog = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
         client = _dask_client(a.dask) if a.dask else None
         try:
@@ -313,6 +341,71 @@ def main_impl(argv=None) -> int:
                                             t["states"], t["transitions"], f"{t['residual']:.1e}",
                                             f"{t['seconds']:.3f}"] for t in doc["table"]]) + "\n")
     return 0
+
+
+def _simulator_kwargs(a):
+    kw = dict(seed=a.seed, jitter=a.jitter)
+    if a.trace:
+        from simulator import read_trace
+        kw["trace"] = read_trace(a.trace)
+    return kw
+
+
+def _run_simulation_methods(spec, Ns, a, kw, doc):
+    """--method simulate|auto: per N, the exact chain when allowed and affordable, else the simulator."""
+    from tr_model.api import evaluate, optimize
+    from tr_model.errors import StateSpaceTooLarge
+
+    sim_kw = None
+    for N in Ns:
+        if a.method == "auto" and not a.trace:
+            try:
+                if a.B is not None:
+                    r = evaluate(spec, N, a.B, **kw).to_dict()
+                else:
+                    r = optimize(spec, N, **kw).to_dict()
+                r.update(method="exact", ci95_tok_s=0.0, tie_set=[r["B"]])
+                doc["results"].append(r)
+                continue
+            except StateSpaceTooLarge:
+                pass
+        if sim_kw is None:
+            sim_kw = _simulator_kwargs(a)
+        doc["results"].append(_simulate_one(spec, N, a, sim_kw))
+
+
+def _simulate_one(spec, N, a, sim_kw):
+    import simulator
+
+    if a.B is not None:
+        res = simulator.simulate(spec, N, a.B, steps=a.sim_steps, **sim_kw)
+        return {"N": N, "B": list(res.B), "method": "simulate", "throughput_tok_s": res.throughput_tok_s,
+                "ci95_tok_s": res.throughput_ci95_tok_s, "per_request_tok_s": res.per_request_tok_s,
+                "admission_latency_ms": list(res.admission_latency_ms), "mean_waiting": list(res.mean_waiting),
+                "request_steps": res.request_steps, "tie_set": [list(res.B)], "seconds": res.wall_s}
+    o = simulator.optimize_by_simulation(spec, N, budget_s=a.sim_budget, **sim_kw)
+    best = o.ranking.entries[0].result
+    return {"N": N, "B": list(o.best_B), "method": "simulate", "throughput_tok_s": o.throughput_tok_s,
+            "ci95_tok_s": o.ci95_tok_s, "eager_throughput_tok_s": o.eager_throughput_tok_s,
+            "eager_ci95_tok_s": o.eager_ci95_tok_s, "gain_vs_eager": 1.0 + o.gain_vs_eager,
+            "gain_ci95": o.gain_ci95, "per_request_tok_s": best.per_request_tok_s,
+            "admission_latency_ms": list(best.admission_latency_ms), "tie_set": [list(b) for b in o.tie_set],
+            "ranking": o.ranking.to_rows(), "evaluated": o.evaluated, "simulations": o.simulations,
+            "request_steps": o.request_steps, "seconds": o.seconds}
+
+
+def _simulation_rows(doc):
+    rows = []
+    for r in doc["results"]:
+        ci = r.get("ci95_tok_s") or 0.0
+        thr = f"{r['throughput_tok_s']:.2f}" + (f" +- {ci:.2f}" if r["method"] != "exact" else "")
+        eager = r.get("eager_throughput_tok_s")
+        ties = r.get("tie_set") or []
+        tied = [" ".join(map(str, t)) for t in ties if list(t) != list(r["B"])]
+        rows.append([r["N"], " ".join(map(str, r["B"])), thr, "-" if eager is None else f"{eager:.2f}",
+                     "-" if r.get("gain_vs_eager") is None else f"{r['gain_vs_eager']:.3f}x", r["method"],
+                     ", ".join(tied) if tied else "-", f"{r['seconds']:.2f}"])
+    return rows, ["N", "B*", "tok/s (95% CI)", "eager tok/s", "gain", "method", "statistically tied with", "seconds"]
 
 
 def _check_delta(spec, Ns, a, kw, results):

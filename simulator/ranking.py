@@ -208,6 +208,7 @@ def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] 
     kw = dict(jitter=jitter, trace=trace, request_tokens=request_tokens)
 
     # calibrate the simulator's speed on this system (also compiles the kernel)
+    simulate(spec, N, eager, steps=2_000, seed=seed, **kw)     # compiles or loads the kernel, untimed
     probe = simulate(spec, N, eager, steps=max(min_steps, 50_000), seed=seed, **kw)
     rate = (probe.request_steps + probe.warmup_steps) / max(probe.wall_s, 1e-6)
     n_rounds = 1 + max(0, math.ceil(math.log2(max(1, len(cands)) / finalists)))
@@ -221,12 +222,16 @@ def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] 
         spent = time.perf_counter() - t_start
         share = max(budget_s - spent, 0.0) / max(1, n_rounds - rnd)
         steps = int(min(max_steps, max(min_steps, rate * share / 1.1 / len(survivors))))
+        t_round = time.perf_counter()
         rk = rank_candidates(spec, N, survivors, steps=steps, seed=seed + 1 + rnd, **kw)
+        done = sum(e.result.request_steps + e.result.warmup_steps for e in rk.entries)
+        # re-estimate the speed with everything the round cost (Python overhead, machine load)
+        rate = done / max(time.perf_counter() - t_round, 1e-6)
         for pos, e in enumerate(rk.entries):
             history[e.B] = {"B": e.B, "throughput_tok_s": e.throughput_tok_s, "ci95_tok_s": e.ci95_tok_s,
                             "request_steps": steps, "round": rnd, "finalist": False, "tied_with_best": False}
         sims += len(survivors)
-        total_steps += sum(e.result.request_steps + e.result.warmup_steps for e in rk.entries)
+        total_steps += done
         rounds.append((len(survivors), steps))
         keep = max(finalists, math.ceil(len(survivors) / 2))
         survivors = [e.B for e in rk.entries[:keep]]

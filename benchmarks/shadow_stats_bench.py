@@ -53,7 +53,6 @@ def main() -> None:
         print(f"CLI run {k + 1} (fresh process): {walls[-1]:.2f} s")
 
     # stages, in process (kernels already compiled by the runs above)
-    import numpy as np
     from shadow_prefill.builder import MatrixWorkload
     from shadow_prefill.matrix import load_matrix
     from shadow_prefill.stats import compute_prefix_hits, compute_switch_tax

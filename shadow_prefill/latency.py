@@ -61,7 +61,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -69,6 +69,7 @@ import numpy as np
 from shadow_prefill import _kernels as _k
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.presets import gpu_preset, model_config
+from tr_model.kvplan import DTYPE_BYTES  # the project's one table of dtype sizes
 
 __all__ = ["ModelArch", "GPUSpec", "LatencyModel", "build_roofline", "fit_linear_model", "read_profile_points",
            "load_model_arch", "load_gpu", "choose_tp", "lm_iteration_time", "lm_prefill_time", "lm_decode_time",
@@ -78,8 +79,6 @@ KIND_ROOFLINE = 0.0
 KIND_LINEAR = 1.0
 LM_SIZE = 16
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1}
 
 # model types whose MLP has two matrices (up, down) instead of a gated three (gate, up, down)
 _UNGATED = {"gpt2", "gpt_bigcode", "gpt_neox", "falcon", "phi", "starcoder2", "bloom", "opt", "gptj"}

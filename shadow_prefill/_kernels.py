@@ -138,6 +138,19 @@ def prefix_hits_unbounded(offsets, model, prompt, hist, output, n_models):
     return hits
 
 
+@nb.njit(cache=True, inline="always")
+def _lru_unlink(e, m, prv, nxt, head, tail):
+    """Remove entry e from model m's doubly linked LRU list."""
+    if prv[e] >= 0:
+        nxt[prv[e]] = nxt[e]
+    else:
+        head[m] = nxt[e]
+    if nxt[e] >= 0:
+        prv[nxt[e]] = prv[e]
+    else:
+        tail[m] = prv[e]
+
+
 @nb.njit(cache=True)
 def prefix_hits_lru(order, session_of_call, n_sessions, model, prompt, hist, output, n_models, cap):
     n = prompt.shape[0]
@@ -159,16 +172,9 @@ def prefix_hits_lru(order, session_of_call, n_sessions, model, prompt, hist, out
             if inlist[e] and size[e] > h:
                 total[mm] -= size[e] - h
                 size[e] = h
-                if h == 0:  # unlink
+                if h == 0:
+                    _lru_unlink(e, mm, prv, nxt, head, tail)
                     inlist[e] = False
-                    if prv[e] >= 0:
-                        nxt[prv[e]] = nxt[e]
-                    else:
-                        head[mm] = nxt[e]
-                    if nxt[e] >= 0:
-                        prv[nxt[e]] = prv[e]
-                    else:
-                        tail[mm] = prv[e]
         m = model[i]
         e = s * n_models + m
         hits[i] = size[e] if inlist[e] else 0
@@ -177,14 +183,7 @@ def prefix_hits_lru(order, session_of_call, n_sessions, model, prompt, hist, out
             new = cap[m]
         if inlist[e]:
             total[m] -= size[e]
-            if prv[e] >= 0:
-                nxt[prv[e]] = nxt[e]
-            else:
-                head[m] = nxt[e]
-            if nxt[e] >= 0:
-                prv[nxt[e]] = prv[e]
-            else:
-                tail[m] = prv[e]
+            _lru_unlink(e, m, prv, nxt, head, tail)
             inlist[e] = False
         size[e] = new
         if new > 0:

@@ -284,6 +284,19 @@ class ModelArch:
                 "kv_bytes_per_token": self.kv_bytes_per_token, "context_window": self.context_window}
 
 
+def _read_json(path: str) -> Any:
+    """A JSON file's value; unreadable or malformed files raise :class:`InputFileError` (with the line)."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise InputFileError(path, "no such file") from None
+    except json.JSONDecodeError as e:
+        raise InputFileError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputFileError(path, f"cannot read: {e}") from None
+
+
 def load_model_arch(spec: str | os.PathLike | Mapping, name: str | None = None) -> ModelArch:
     """A :class:`ModelArch` from a built-in name, a ``config.json`` path (or its folder) or a dict."""
     if isinstance(spec, Mapping):
@@ -292,15 +305,7 @@ def load_model_arch(spec: str | os.PathLike | Mapping, name: str | None = None) 
     if os.path.isdir(s):
         s = os.path.join(s, "config.json")
     if os.path.exists(s) or s.endswith(".json"):
-        try:
-            with open(s, "r", encoding="utf-8") as f:
-                cfg = json.load(f)
-        except FileNotFoundError:
-            raise InputFileError(s, "no such file") from None
-        except json.JSONDecodeError as e:
-            raise InputFileError(s, f"invalid JSON: {e.msg}", e.lineno) from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputFileError(s, f"cannot read: {e}") from None
+        cfg = _read_json(s)
         default = os.path.basename(os.path.dirname(os.path.abspath(s))) if os.path.basename(s) == "config.json" \
             else os.path.splitext(os.path.basename(s))[0]
         return ModelArch.from_config(cfg, name=name or default, where=s)
@@ -362,13 +367,7 @@ def load_gpu(spec: str | os.PathLike | Mapping | GPUSpec) -> GPUSpec:
         return GPUSpec.from_dict(spec)
     s = os.fspath(spec)
     if os.path.exists(s) or s.endswith(".json"):
-        try:
-            with open(s, "r", encoding="utf-8") as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise InputFileError(s, "no such file") from None
-        except json.JSONDecodeError as e:
-            raise InputFileError(s, f"invalid JSON: {e.msg}", e.lineno) from None
+        d = _read_json(s)
         if not isinstance(d, dict):
             raise InputFileError(s, "a GPU description must be a JSON object")
         return GPUSpec.from_dict(d, where=s)
@@ -648,15 +647,7 @@ def read_profile_points(path: str | os.PathLike) -> tuple[list[dict], int | None
       tokens over c cached ones; absent fields are 0).
     """
     path = os.fspath(path)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except json.JSONDecodeError as e:
-        raise InputFileError(path, f"invalid JSON: {e.msg}", e.lineno) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputFileError(path, f"cannot read: {e}") from None
+    doc = _read_json(path)
     if not isinstance(doc, dict):
         raise InputFileError(path, "a profile must be a JSON object")
     kind = doc.get("kind")

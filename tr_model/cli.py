@@ -62,7 +62,7 @@ def build_parser() -> Parser:
     s.add_argument("--method", choices=("exact", "simulate", "auto"), default="exact",
                    help="exact: the Markov chain (default); simulate: the per-request event simulator (95%% "
                    "intervals, statistical ties reported); auto: exact when the chain fits under --max-states "
-                   "(default 2,000,000 for auto so the decision is quick), the simulator otherwise")
+                   "(default 1,000,000 for auto so the decision is quick), the simulator otherwise")
     s.add_argument("--trace", metavar="FILE.jsonl", help="simulate: drive routing by a recorded routing trace "
                    "(non-geometric runs) instead of P")
     s.add_argument("--sim-budget", type=float, default=60.0, metavar="S", help="simulate: wall-clock budget "
@@ -215,7 +215,7 @@ def main_impl(argv=None) -> int:
         raise SpecError("--N: no concurrency given")
     import dtmc
     if a.max_states is None:
-        a.max_states = 2_000_000 if a.method == "auto" else dtmc.DEFAULT_MAX_STATES
+        a.max_states = 1_000_000 if a.method == "auto" else dtmc.DEFAULT_MAX_STATES
     if a.max_states < 1:
         raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
     if a.trace and a.method == "exact":

@@ -7,9 +7,12 @@ A routing trace is JSON Lines, one line per decoding step::
 ``step`` counts the request's decoding steps from 0 without gaps, ``model``
 ran the step, ``next_model`` is where the router sent the request afterwards
 (it must equal the ``model`` of the following step; on the last step it is
-informative only) and ``committed_tokens`` (>= 0) were committed by the step.
+informative only, ``-1`` meaning the request finished there) and ``committed_tokens`` (>= 0) were committed by the step.
 Lines may come in any order; they are grouped by ``request_id`` and sorted by
-``step``.  A trace is held as a :class:`RoutingTrace` of flat NumPy arrays
+``step`` (an id that reappears with step 0 after a step with ``next_model = -1``
+starts a new request).  This is the format of
+``data/schemas/routing-trace.schema.json`` written by the profiler; ``.gz``
+files are read transparently.  A trace is held as a :class:`RoutingTrace` of flat NumPy arrays
 (the form the simulator kernel consumes).
 
 :func:`generate_trace` writes synthetic traces from a spec: with
@@ -27,6 +30,7 @@ trace is then the chain of P, up to the finite sample).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -85,8 +89,12 @@ def _check_int(v: Any, what: str, where: str) -> int:
 
 
 def trace_from_records(records: Iterable[Mapping[str, Any]], where: str = "trace") -> RoutingTrace:
-    """Validate step records (dicts of the JSONL format) and build a :class:`RoutingTrace`."""
-    by_req: dict[Any, list[tuple[int, int, int, float]]] = {}
+    """Validate step records (dicts of the JSONL format) and build a :class:`RoutingTrace`.
+
+    A request's records are sorted by ``step``; a ``request_id`` that comes back
+    with step 0 after a step with ``next_model = -1`` starts a new recorded request.
+    """
+    by_req: dict[Any, list[list[tuple[int, int, int, float]]]] = {}
     for n, rec in enumerate(records, start=1):
         w = f"{where} record {n}"
         if not isinstance(rec, Mapping):
@@ -99,55 +107,75 @@ def trace_from_records(records: Iterable[Mapping[str, Any]], where: str = "trace
             raise SpecError(f"{w}: 'request_id' must be a string or an integer, got {rid!r}")
         step = _check_int(rec["step"], "step", w)
         model = _check_int(rec["model"], "model", w)
-        nxt = _check_int(rec["next_model"], "next_model", w)
+        raw_next = rec["next_model"]
+        nxt = -1 if raw_next == -1 and not isinstance(raw_next, bool) else _check_int(raw_next, "next_model", w)
         tok = rec.get("committed_tokens", 0)
         if isinstance(tok, bool) or not isinstance(tok, (int, float)) or not math.isfinite(tok) or tok < 0:
             raise SpecError(f"{w}: 'committed_tokens' must be a number >= 0, got {tok!r}")
-        by_req.setdefault(rid, []).append((step, model, nxt, float(tok)))
+        seqs = by_req.setdefault(rid, [[]])
+        if step == 0 and seqs[-1] and any(x[2] == -1 for x in seqs[-1]):
+            seqs.append([])
+        seqs[-1].append((step, model, nxt, float(tok)))
     if not by_req:
         raise SpecError(f"{where}: the trace holds no steps")
     offsets = [0]
     model: list[int] = []
-    nxt: list[int] = []
-    tok: list[float] = []
+    nxt_l: list[int] = []
+    tok_l: list[float] = []
     ids = []
-    for rid, steps in by_req.items():
-        steps.sort()
-        for k, (s, m, x, t) in enumerate(steps):
-            if s != k:
-                raise SpecError(f"{where}: request {rid!r} has steps {[st[0] for st in steps[:k + 1]]}...; "
-                                f"steps must run 0, 1, 2, ... without gaps or repeats")
-            if k + 1 < len(steps) and steps[k + 1][1] != x:
-                raise SpecError(f"{where}: request {rid!r} step {s} has next_model {x} but step {s + 1} "
-                                f"ran on model {steps[k + 1][1]}")
-            model.append(m)
-            nxt.append(x)
-            tok.append(t)
-        offsets.append(len(model))
-        ids.append(rid)
+    for rid, seqs in by_req.items():
+        for steps in seqs:
+            steps.sort()
+            for k, (s_, m, x, t) in enumerate(steps):
+                if s_ != k:
+                    raise SpecError(f"{where}: request {rid!r} has steps {[st[0] for st in steps[:k + 1]]}...; "
+                                    f"steps must run 0, 1, 2, ... without gaps or repeats")
+                if k + 1 < len(steps):
+                    if x == -1:
+                        raise SpecError(f"{where}: request {rid!r} step {s_} has next_model -1 (finished) "
+                                        f"but the request has a step {s_ + 1}")
+                    if steps[k + 1][1] != x:
+                        raise SpecError(f"{where}: request {rid!r} step {s_} has next_model {x} but step {s_ + 1} "
+                                        f"ran on model {steps[k + 1][1]}")
+                model.append(m)
+                nxt_l.append(x)
+                tok_l.append(t)
+            offsets.append(len(model))
+            ids.append(rid)
     return RoutingTrace(np.asarray(offsets, dtype=np.int64), np.asarray(model, dtype=np.int64),
-                        np.asarray(nxt, dtype=np.int64), np.asarray(tok, dtype=np.float64), tuple(ids))
+                        np.asarray(nxt_l, dtype=np.int64), np.asarray(tok_l, dtype=np.float64), tuple(ids))
 
 
 def read_trace(path: str | os.PathLike) -> RoutingTrace:
-    """Read a routing-trace JSONL file; errors name the file and line."""
+    """Read a routing-trace JSONL file (``.gz`` allowed); errors name the file and line.
+
+    A last line without a newline that does not parse (a writer killed
+    mid-write) is dropped, as the profiler's readers do.
+    """
     p = os.fspath(path)
     try:
-        f = open(p, "r", encoding="utf-8")
+        f = gzip.open(p, "rt", encoding="utf-8") if p.endswith(".gz") else open(p, "r", encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"trace file {p!r} does not exist") from None
+    except IsADirectoryError:
+        raise SpecError(f"trace file {p!r} is a directory") from None
     except OSError as e:
         raise SpecError(f"cannot read trace file {p!r}: {e.strerror}") from None
 
     def records():
         with f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SpecError(f"trace file {p!r} line {n} is not valid JSON: {e.msg}") from None
+            try:
+                for n, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as e:
+                        if not line.endswith("\n"):
+                            return
+                        raise SpecError(f"trace file {p!r} line {n} is not valid JSON: {e.msg}") from None
+            except (UnicodeDecodeError, OSError, EOFError) as e:
+                raise SpecError(f"cannot read trace file {p!r}: {e}") from None
 
     return trace_from_records(records(), where=f"trace file {p!r}")
 

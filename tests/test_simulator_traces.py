@@ -113,3 +113,30 @@ def test_request_tokens_is_refused_with_a_trace():
     tr = generate_trace(R2R, 10, 5, seed=0)
     with pytest.raises(SpecError, match="request_tokens"):
         simulate(R2R, 2, (1, 1), trace=tr, request_tokens=10)
+
+
+def test_finished_marker_reused_ids_and_gzip(tmp_path):
+    import gzip
+    lines = [
+        {"request_id": "x", "step": 0, "model": 0, "next_model": 1, "committed_tokens": 0},
+        {"request_id": "x", "step": 1, "model": 1, "next_model": -1, "committed_tokens": 1},
+        {"request_id": "x", "step": 0, "model": 0, "next_model": -1, "committed_tokens": 1, "note": "reused id"},
+    ]
+    p = tmp_path / "t.jsonl.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        for r in lines:
+            f.write(json.dumps(r) + "\n")
+        f.write('{"request_id": "y", "st')          # a writer killed mid-line: dropped
+    tr = read_trace(p)
+    assert tr.n_requests == 2 and list(tr.offsets) == [0, 2, 3]
+    assert list(tr.next_model) == [1, -1, -1] and tr.models_used == 2
+    r = simulate(R2R, 1, (1, 1), trace=tr, steps=30_000)
+    # alternating replays of the two recorded requests: 2 tokens per 6 + 27.9 + 6 ms on average
+    assert abs(r.throughput_tok_s - 1000.0 * 2 / (6.0 + 27.9 + 6.0)) <= 1.3 * r.throughput_ci95_tok_s + 0.5
+
+
+def test_finished_marker_in_the_middle_is_rejected():
+    recs = [{"request_id": 1, "step": 0, "model": 0, "next_model": -1},
+            {"request_id": 1, "step": 1, "model": 0, "next_model": 0}]
+    with pytest.raises(SpecError, match="next_model -1"):
+        trace_from_records(recs)

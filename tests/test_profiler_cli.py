@@ -44,6 +44,27 @@ def prompts(tmp_path):
     return str(p)
 
 
+class _Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run_main(capsys):
+    """In-process ``tr-profile`` (same code path as the console script, without a fresh torch import)."""
+    from profiler.cli import main
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:
+            rc = e.code
+        out, err = capsys.readouterr()
+        return _Result(rc, out, err)
+    return run
+
+
 def assert_error(r, *needles):
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
@@ -94,7 +115,7 @@ def test_routing_cli_spec_feeds_tr_optimize(run_tool, tmp_path):
     assert r.returncode == 0 and "geometric" in r.stdout
 
 
-def test_routing_cli_bad_input(run_tool, tmp_path):
+def test_routing_cli_bad_input(run_tool, run_main, tmp_path):
     assert_error(run_tool("tr-profile", "routing", "--trace", tmp_path / "none.jsonl"), "does not exist")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"request_id": 1, "step": 0, "model": 0, "next_model": 1, "committed_tokens": 1}\n'
@@ -102,15 +123,15 @@ def test_routing_cli_bad_input(run_tool, tmp_path):
     assert_error(run_tool("tr-profile", "routing", "--trace", bad), "bad.jsonl:2:", "committed_tokens")
     bad.write_text('{"request_id": 1, "step": 0, "model": 0, "next_model": 1, "committed_tokens": 1}\n'
                    'not json at all\n')
-    assert_error(run_tool("tr-profile", "routing", "--trace", bad), "bad.jsonl:2:", "not valid JSON")
+    assert_error(run_main("routing", "--trace", bad), "bad.jsonl:2:", "not valid JSON")
     ok = tmp_path / "ok.jsonl"
     write_synthetic_trace(ok, [[0.5, 0.5], [0.5, 0.5]], [[1, 1], [1, 1]], n_requests=3, steps_per_request=5)
-    assert_error(run_tool("tr-profile", "routing", "--trace", ok, "--out", "s.json"), "--step-latency-ms")
-    assert_error(run_tool("tr-profile", "routing", "--trace", ok, "--alpha", "2"), "--alpha")
-    assert_error(run_tool("tr-profile", "routing", "--trace", ok, "--step-latency-ms", "1,x", "--out", "s.json"),
+    assert_error(run_main("routing", "--trace", ok, "--out", "s.json"), "--step-latency-ms")
+    assert_error(run_main("routing", "--trace", ok, "--alpha", "2"), "--alpha")
+    assert_error(run_main("routing", "--trace", ok, "--step-latency-ms", "1,x", "--out", "s.json"),
                  "--step-latency-ms")
-    assert_error(run_tool("tr-profile", "routing"), "--trace")
-    assert_error(run_tool("tr-profile", "bogus"))
+    assert_error(run_main("routing"), "--trace")
+    assert_error(run_main("bogus"))
 
 
 def test_latency_cli_six_batch_sizes_under_30s(run_tool, configs, tmp_path):
@@ -128,15 +149,17 @@ def test_latency_cli_six_batch_sizes_under_30s(run_tool, configs, tmp_path):
     assert doc["arguments"]["batch_sizes"] == "1,2,4,8,16,32"
 
 
-def test_latency_cli_bad_input(run_tool, configs, tmp_path):
+def test_latency_cli_bad_input(run_tool, run_main, configs, tmp_path):
     assert_error(run_tool("tr-profile", "latency", "--config", configs[0], "--batch-sizes", "0,2"), "--batch-sizes")
-    assert_error(run_tool("tr-profile", "latency", "--config", configs[0], "--batch-sizes", "1,a"), "--batch-sizes")
-    assert_error(run_tool("tr-profile", "latency", "--config", tmp_path / "missing.json"), "does not exist")
-    assert_error(run_tool("tr-profile", "latency"), "--model", "--config")
-    assert_error(run_tool("tr-profile", "latency", "--model", tmp_path), "config.json")
+    assert_error(run_main("latency", "--config", configs[0], "--batch-sizes", "1,a"), "--batch-sizes")
+    assert_error(run_main("latency", "--config", tmp_path / "missing.json"), "does not exist")
+    assert_error(run_main("latency"), "--model", "--config")
+    assert_error(run_main("latency", "--model", tmp_path), "config.json")
+    assert_error(run_main("latency", "--config", configs[0], "--mode", "extend", "--extend-tokens", "0",
+                          "--batch-sizes", "1"), "--extend-tokens")
 
 
-def test_route_run_and_system_cli(run_tool, configs, prompts, tmp_path):
+def test_route_run_and_system_cli(run_tool, run_main, configs, prompts, tmp_path):
     r = run_tool("tr-profile", "route-run", "--model", configs[0], "--config", configs[1], "--prompts", prompts,
                  "--policy", "confidence", "--tau", "0.02", "--max-new-tokens", "6", "--trace-out", "rr.jsonl",
                  "--threads", "1", "--format", "json")
@@ -168,7 +191,7 @@ def test_route_run_and_system_cli(run_tool, configs, prompts, tmp_path):
     # system with a route-run and reused latency profiles: no model loading for latency
     prof = sorted(p for p in os.listdir(os.path.join("runs", "profile")) if p.endswith("-system"))[0]
     lp = [os.path.join("runs", "profile", prof, f"latency-{k}.json") for k in range(2)]
-    r = run_tool("tr-profile", "system", "--model", configs[0], "--model", configs[1], "--prompts", prompts,
+    r = run_main("system", "--model", configs[0], "--model", configs[1], "--prompts", prompts,
                  "--policy", "ensemble", "--weights", "0.6,0.4", "--max-new-tokens", "5", "--latency-profile", lp[0],
                  "--latency-profile", lp[1], "--latency-curve", "constant", "--out", "sys2.json", "--threads", "1")
     assert r.returncode == 0, r.stderr
@@ -177,22 +200,26 @@ def test_route_run_and_system_cli(run_tool, configs, prompts, tmp_path):
     assert np.allclose(spec2.C, 1.0)
 
 
-def test_route_run_bad_input(run_tool, configs, prompts, tmp_path):
+def test_route_run_bad_input(run_tool, run_main, configs, prompts, tmp_path):
     assert_error(run_tool("tr-profile", "route-run", "--model", configs[0], "--model", configs[2], "--prompts",
                           prompts, "--policy", "ensemble"), "different vocabularies")
-    assert_error(run_tool("tr-profile", "route-run", "--model", configs[0], "--prompts", prompts, "--policy",
-                          "ensemble"), "two --model")
-    assert_error(run_tool("tr-profile", "route-run", "--model", configs[0], "--model", configs[1], "--prompts",
+    assert_error(run_main("route-run", "--model", configs[0], "--prompts", prompts, "--policy", "ensemble"),
+                 "two --model")
+    assert_error(run_main("route-run", "--model", configs[0], "--model", configs[1], "--prompts",
                           tmp_path / "none.jsonl", "--policy", "entropy", "--tau", "0.5"), "does not exist")
     badp = tmp_path / "bp.jsonl"
     badp.write_text('[1, 2, 999]\n')
-    assert_error(run_tool("tr-profile", "route-run", "--model", configs[0], "--model", configs[1], "--prompts",
-                          badp, "--policy", "entropy", "--tau", "0.5"), "bp.jsonl:1:", "999")
+    assert_error(run_main("route-run", "--model", configs[0], "--model", configs[1], "--prompts", badp, "--policy",
+                          "entropy", "--tau", "0.5"), "bp.jsonl:1:", "999")
+    assert_error(run_main("route-run", "--model", configs[0], "--model", configs[1], "--prompts", prompts,
+                          "--policy", "entropy"), "--tau")
+    assert_error(run_main("route-run", "--model", configs[0], "--model", configs[1], "--prompts", prompts,
+                          "--policy", "ensemble", "--weights", "0.5,0.6"), "--weights")
 
 
-def test_system_bad_input(run_tool, configs, tmp_path):
-    assert_error(run_tool("tr-profile", "system", "--model", configs[0], "--model", configs[1]), "--trace")
-    assert_error(run_tool("tr-profile", "system", "--model", configs[0], "--model", configs[1], "--trace",
+def test_system_bad_input(run_tool, run_main, configs, tmp_path):
+    assert_error(run_main("system", "--model", configs[0], "--model", configs[1]), "--trace")
+    assert_error(run_main("system", "--model", configs[0], "--model", configs[1], "--trace",
                           tmp_path / "none.jsonl"), "does not exist")
     assert_error(run_tool("tr-profile", "system", "--model", configs[0], "--model", configs[1], "--trace", "x",
                           "--batch-sizes", "-1"), "--batch-sizes")

@@ -204,7 +204,7 @@ def _routing_summary(est) -> tuple[list[dict], list[str]]:
 
 
 def cmd_routing(a: argparse.Namespace) -> int:
-    from profiler.routing import estimate_routing, routing_provenance
+    from profiler.routing import estimate_routing, json_safe, routing_provenance
     from tr_model.spec import save_spec
 
     _check_out(a.out)
@@ -219,9 +219,8 @@ def cmd_routing(a: argparse.Namespace) -> int:
         save_spec(spec, a.out)
         _say(f"wrote {a.out}")
     rows, lines = _routing_summary(est)
-    doc = {"n_models": est.n_models, "routing_matrix": est.P.tolist(), "committed_tokens": est.C.tolist(),
-           **routing_provenance(est)}
-    doc = json.loads(json.dumps(doc, default=float).replace("NaN", "null"))
+    doc = json_safe({"n_models": est.n_models, "routing_matrix": est.P, "committed_tokens": est.C,
+                     **routing_provenance(est)})
     if a.out:
         doc["spec"] = a.out
         lines.append(f"spec: {a.out}")
@@ -306,7 +305,7 @@ def _do_route_run(a: argparse.Namespace, models, names, trace_out: str):
 
 def cmd_route_run(a: argparse.Namespace) -> int:
     from profiler.latency import resolve_device
-    from profiler.routing import estimate_routing
+    from profiler.routing import estimate_routing, json_safe
 
     if not a.model or len(a.model) < 2:
         raise CLIError("route-run needs at least two --model (a model folder or a config.json each)")
@@ -328,8 +327,8 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     lines.append(f"trace: {trace_out}")
     doc = {"trace": trace_out, "requests": res.requests, "steps": res.steps,
            "committed_tokens": res.committed_tokens, "steps_per_model": list(res.steps_per_model),
-           "models": names, "routing_matrix": est.P.tolist()}
-    doc = json.loads(json.dumps(doc).replace("NaN", "null"))
+           "models": names, "routing_matrix": est.P}
+    doc = json_safe(doc)
     _emit(rows, a.format, doc, lines)
     return 0
 

@@ -73,7 +73,7 @@ from tr_model.errors import SpecError
 Z95 = 1.959963984540054
 
 __all__ = ["RoutingEstimate", "GeometricTest", "EscalationSpread", "estimate_routing", "estimate_from_accumulator",
-           "wilson_interval", "geometric_hazard_test", "routing_provenance"]
+           "wilson_interval", "geometric_hazard_test", "routing_provenance", "json_safe"]
 
 
 def wilson_interval(k, n, z: float = Z95):
@@ -292,9 +292,25 @@ def _nan_to_none(a: np.ndarray) -> list:
     return [[None if not np.isfinite(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
 
 
+def json_safe(obj: Any) -> Any:
+    """Plain-JSON copy: numpy scalars/arrays to Python, non-finite floats to None (strict JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    return obj
+
+
 def routing_provenance(est: RoutingEstimate) -> dict:
     """The estimate's intervals and fit quality as plain JSON for a spec's ``provenance``."""
-    return {
+    return json_safe({
         "trace": est.source,
         "lines": est.lines,
         "decisions": est.decisions,
@@ -309,7 +325,7 @@ def routing_provenance(est: RoutingEstimate) -> dict:
         "escalation_rate_spread": est.escalation.to_dict(),
         "max_requests_in_flight": est.max_requests_in_flight,
         "estimator_seconds": est.seconds,
-    }
+    })
 
 
 def check_estimable(est: RoutingEstimate) -> None:

@@ -168,3 +168,18 @@ def test_unobserved_row_and_model_count_errors(tmp_path):
         estimate_routing(path, n_models=2)
     with pytest.raises(TraceError, match="--models"):
         estimate_routing(path, n_models=1)
+
+
+def test_provenance_is_strict_json_even_with_unobserved_entries(tmp_path):
+    import json
+    path = tmp_path / "n.jsonl"
+    # model 1 never stays on itself and model 0 never leaves on the first request: NaN-prone entries
+    path.write_text('{"request_id": 1, "step": 0, "model": 0, "next_model": 1, "committed_tokens": 0}\n'
+                    '{"request_id": 1, "step": 1, "model": 1, "next_model": 0, "committed_tokens": 1}\n'
+                    '{"request_id": 1, "step": 2, "model": 0, "next_model": -1, "committed_tokens": 1}\n')
+    est = estimate_routing(path)
+    text = json.dumps(routing_provenance(est), allow_nan=False)  # raises on NaN/inf
+    doc = json.loads(text)
+    assert doc["committed_tokens_std"][1][1] is None and doc["routing_matrix_interval"]["low"][0][0] == 0.0
+    spec = build_system_spec(est, step_latency_ms=[1.0, 2.0])
+    json.dumps(spec.provenance, allow_nan=False)

@@ -460,7 +460,8 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
     equations ``(dF^T dF) gamma = dF^T f_k`` over the last ``m`` differences
     and sets ``x_{k+1} = G(x_k) - (dX + dF) gamma``, clipped at zero and
     renormalised.  Every ``check_every`` steps the residual of the iterate is
-    checked; an extrapolation worse than the plain sweep restarts the history.
+    checked.
+    A residual more than 10x the previous check's restarts the history.
     Stops when ``max_j |(xT)_j - x_j| <= tol * max(x)``.  Returns
     ``(sweeps, residual)``.
     """
@@ -541,11 +542,11 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
                 x[j] = y[j]
         if it % check_every == 0:
             r_acc = residual_max(indptr, indices, data, x)
-            r_plain = residual_max(indptr, indices, data, y)
-            if not (r_acc <= 10.0 * r_plain):
+            if not (r_acc <= 10.0 * res):
+                # the extrapolation went astray since the last check: restart from the plain sweep
                 for j in range(n):
                     x[j] = y[j]
-                r_acc = r_plain
+                r_acc = residual_max(indptr, indices, data, x)
                 filled = 0
                 have_prev = False
             res = r_acc

@@ -39,7 +39,7 @@ MAX_RANKED = 15
 THROUGHPUT_LABEL = "throughput (tokens/s, all N requests)"
 
 __all__ = ["FORMATS", "plot_throughput", "throughput_figure", "gain_figure", "presets_figure",
-           "bstar_heatmap_figure", "sensitivity_figure", "save_figure"]
+           "bstar_heatmap_figure", "sensitivity_figure", "latency_figure", "save_figure"]
 
 
 def _new_figure(width: float, height: float):
@@ -135,7 +135,8 @@ def _lines_panel(ax, o, pts) -> None:
     ax.axhline(o.eager_throughput_tok_s, color="0.35", linestyle="--", linewidth=1.0,
                label=f"eager B = (1, 1): {o.eager_throughput_tok_s:.1f}")
     ax.plot([o.best_B[1]], [o.throughput_tok_s], marker="*", markersize=15, color="crimson",
-            markeredgecolor="black", linestyle="none", zorder=5, label=f"B* = {_fmt_B(o.best_B)}")
+            markeredgecolor="black", linestyle="none", zorder=5,
+            label=f"B* = {_fmt_B(o.best_B)}" + ("" if o.best_B[0] in b0s else f" (B0 = {o.best_B[0]})"))
     ax.set_xlabel("B1: large-model threshold (requests)")
     ax.set_ylabel(THROUGHPUT_LABEL)
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -187,11 +188,14 @@ def _ranked_panel(ax, o, pts) -> None:
     ax.legend(fontsize="x-small", loc="lower right")
 
 
-def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES):
+def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES,
+                      b0: Sequence[int] | None = None):
     """A figure of throughput over the evaluated thresholds, one panel per N (see the module docstring).
 
     ``optima``: ``optimizer.search.Optimum`` objects (``tr_model.optimize`` /
-    ``optimize_many``), or one of them.
+    ``optimize_many``), or one of them.  ``b0`` (M = 2): draw lines for these
+    B0 values only, whatever their number (B* is marked even when its B0 is
+    not among them).
     """
     opts = _check_optima(optima)
     M = len(opts[0].best_B)
@@ -201,8 +205,11 @@ def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES
     fig = _new_figure(5.2 * ncols, 4.0 * nrows + 0.4)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     all_pts = [_points(o) for o in opts]
+    if b0 is not None and M == 2:
+        keep = {int(x) for x in b0}
+        all_pts = [{B: v for B, v in pts.items() if B[0] in keep} for pts in all_pts]
     # one panel kind for the whole figure, so that panels compare at a glance
-    lines = M == 2 and max(len({B[0] for B in pts}) for pts in all_pts) <= max_lines
+    lines = M == 2 and (b0 is not None or max(len({B[0] for B in pts}) for pts in all_pts) <= max_lines)
     for k, (o, pts) in enumerate(zip(opts, all_pts)):
         ax = axes[k // ncols][k % ncols]
         if lines:
@@ -331,4 +338,33 @@ def sensitivity_figure(table):
         a.axhline(0.0, color="0.35", linewidth=0.8)
         a.grid(True, alpha=0.3)
         a.legend(fontsize="small", title="parameter", title_fontsize="small")
+    return fig
+
+
+def latency_figure(profiles: Sequence[Any], names: Sequence[str] | None = None):
+    """Measured step latency over batch size (median, p10-p90 band) and the affine fit, per model.
+
+    ``profiles``: ``profiler.latency.LatencyProfile`` objects (``load_latency_profile``).
+    """
+    if not profiles:
+        raise SpecError("latency_figure: no profiles given")
+    fig = _new_figure(5.0 * len(profiles), 3.8)
+    axes = fig.subplots(1, len(profiles), squeeze=False)[0]
+    for k, (ax, prof) in enumerate(zip(axes, profiles)):
+        bs = [s.batch_size for s in prof.batches]
+        ax.plot(bs, [s.median_ms for s in prof.batches], marker="o", label="median")
+        ax.fill_between(bs, [s.min_ms for s in prof.batches], [s.p90_ms for s in prof.batches], alpha=0.2,
+                        label="min to p90")
+        if prof.fit is not None:
+            xs = np.linspace(min(bs), max(bs), 50)
+            ax.plot(xs, prof.fit.intercept_ms + prof.fit.per_request_ms * xs, linestyle="--", color="0.3",
+                    label=f"fit {prof.fit.intercept_ms:.3g} + {prof.fit.per_request_ms:.3g} b "
+                          f"(R^2 {prof.fit.r_squared:.2f})")
+        ax.set_xlabel("batch size b (requests)")
+        ax.set_ylabel("step latency L(b) (ms)")
+        ax.set_title(f"model {k}: {names[k] if names else prof.model} ({prof.device}, {prof.mode})",
+                     fontsize="small")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="x-small")
     return fig

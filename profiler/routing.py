@@ -106,10 +106,13 @@ class GeometricTest:
     p_value: float | None
     verdict: str
     bins: tuple[dict, ...]
+    # completed runs (ended by a switch, known start) of length 1..len, the last entry counting longer ones
+    run_length_counts: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["bins"] = list(self.bins)
+        d["run_length_counts"] = list(self.run_length_counts)
         return d
 
 
@@ -245,6 +248,14 @@ class RoutingEstimate:
         return [i for i in range(self.n_models) if self.counts[i].sum() == 0]
 
 
+def _with_histogram(g: GeometricTest, runs: np.ndarray, width: int = 32) -> GeometricTest:
+    from dataclasses import replace
+    r = np.asarray(runs[1:], dtype=np.int64)
+    head = r[:width].tolist()
+    head += [0] * (width - len(head))
+    return replace(g, run_length_counts=tuple(head + [int(r[width:].sum())]))
+
+
 def estimate_from_accumulator(acc: TraceAccumulator, *, n_models: int | None = None, alpha: float = 0.05,
                               source: str = "", seconds: float = 0.0) -> RoutingEstimate:
     M = acc.n_models if n_models is None else int(n_models)
@@ -262,7 +273,8 @@ def estimate_from_accumulator(acc: TraceAccumulator, *, n_models: int | None = N
         C_std = np.sqrt(np.maximum(var, 0.0))
         C_sem = np.where(n > 0, C_std / np.sqrt(np.maximum(nf, 1)), np.nan)
     lo, hi = wilson_interval(n, np.broadcast_to(ni[:, None], n.shape))
-    geo = tuple(geometric_hazard_test(acc.at_risk[i], acc.events[i], model=i, alpha=alpha, runs=acc.runs[i])
+    geo = tuple(_with_histogram(geometric_hazard_test(acc.at_risk[i], acc.events[i], model=i, alpha=alpha,
+                                                      runs=acc.runs[i]), acc.runs[i])
                 for i in range(M))
     esc = _escalation_spread(acc.esc_acc, acc.esc_hist, alpha)
     nfin = int(acc.final_acc[0])

@@ -106,7 +106,7 @@ def _json_tokens(c: Any) -> str:
 class RoutingTraceRecorder:
     """Append routing decisions to a JSONL trace with buffered writes.
 
-    ``record()`` formats one line into an in-memory list (about a microsecond);
+    ``record()`` formats one line into an in-memory list (~3 us per call on a 2-core EPYC VM);
     every ``flush_lines`` lines or ``flush_seconds`` seconds the buffer is
     written with one ``os.write`` on an ``O_APPEND`` descriptor, so a killed
     process leaves at worst a truncated last line (the readers drop it).  Use as

@@ -191,3 +191,19 @@ def test_gpu_cuda_graph_profile_and_event_overhead(tmp_path):
     eager_step = _Stepper(model, 8, 256, 1, static=False, device="cuda", seed=0)
     ov = measure_timing_overhead(eager_step, 50, True, repeats=7)
     assert ov["overhead"] < 0.01, ov  # events around each step cost < 1% of a decode step
+
+
+def test_cpu_profile_never_touches_torch_cuda(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from profiler.latency import load_model, profile_latency
+    model, name = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cpu")
+
+    def boom(*a, **k):
+        raise AssertionError("torch.cuda used on the CPU path")
+
+    for attr in ("Event", "synchronize", "reset_peak_memory_stats", "max_memory_allocated", "memory_allocated",
+                 "empty_cache", "get_device_name", "is_available", "Stream", "CUDAGraph", "graph", "stream"):
+        monkeypatch.setattr(torch.cuda, attr, boom)
+    prof = profile_latency(model, name=name, batch_sizes=[1, 2], context=4, warmup=1, steps=2, device="cpu",
+                           measure_overhead=True)
+    assert prof.timing == "perf_counter" and prof.device.startswith("cpu")

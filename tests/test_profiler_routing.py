@@ -183,3 +183,25 @@ def test_provenance_is_strict_json_even_with_unobserved_entries(tmp_path):
     assert doc["committed_tokens_std"][1][1] is None and doc["routing_matrix_interval"]["low"][0][0] == 0.0
     spec = build_system_spec(est, step_latency_ms=[1.0, 2.0])
     json.dumps(spec.provenance, allow_nan=False)
+
+
+def test_run_length_histogram_matches_reference(tmp_path):
+    path = tmp_path / "h.jsonl"
+    write_synthetic_trace(path, [[0.6, 0.4], [0.3, 0.7]], C2, n_requests=30, steps_per_request=40, seed=9)
+    est = estimate_routing(path)
+    # reference: completed runs (ended by a switch) of requests observed from step 0
+    hist = [defaultdict(int), defaultdict(int)]
+    cur = {}
+    for r in read_trace_records(path):
+        run = cur.get(r.request_id, 0) + 1
+        if r.next_model == -1:
+            cur.pop(r.request_id, None)
+        elif r.next_model != r.model:
+            hist[r.model][min(run, 33)] += 1
+            cur[r.request_id] = 0
+        else:
+            cur[r.request_id] = run
+    for i in range(2):
+        got = est.geometric[i].run_length_counts
+        assert len(got) == 33
+        assert list(got) == [hist[i][k] for k in range(1, 34)]

@@ -51,6 +51,7 @@ __all__ = ["LatencySummary", "SimulationResult", "simulate", "validate_threshold
 CI_BATCHES = 32
 FINE_BINS = 32 * CI_BATCHES
 DEFAULT_STEPS = 2_000_000
+MIN_STEPS = 1_000
 HIST_MIN_MS = 1e-4
 HIST_RATIO = 1.002
 HIST_BINS = 14_000          # covers 1e-4 ms .. ~1.4e8 ms
@@ -215,6 +216,8 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     (conditional Monte Carlo, as the chain's reward; unbiased, narrower
     interval).  Trace-driven runs always use the recorded tokens.
     """
+    if not all(hasattr(spec, a) for a in ("M", "P", "C", "latency_ms", "caps")):
+        raise SpecError(f"spec must be a SystemSpec (tr_model.make_spec / preset / load_spec), got {type(spec).__name__}")
     M = spec.M
     N = _positive_int(N, "N")
     Bt = validate_thresholds(B, M, N)
@@ -227,6 +230,8 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         meas_steps, meas_ms = 0, horizon_ms
     else:
         meas_steps, meas_ms = (_positive_int(steps, "steps") if steps is not None else DEFAULT_STEPS), 0.0
+        if meas_steps < MIN_STEPS:
+            raise SpecError(f"steps must be >= {MIN_STEPS} (the interval needs {CI_BATCHES} batches), got {meas_steps}")
     warmup = float(warmup)
     if not (0.0 <= warmup < 1.0) or math.isnan(warmup):
         raise SpecError(f"warmup must be a fraction in [0, 1), got {warmup!r}")

@@ -145,11 +145,18 @@ def test_horizon_mode_and_warmup():
     (dict(N=4, B=(1, 1), jitter=-0.1), "jitter"),
     (dict(N=4, B=(1, 1), seed=-1), "seed"),
     (dict(N=4, B=(1, 1), request_tokens=0), "request_tokens"),
+    (dict(N=4, B=(1, 1), steps=500), "steps must be >= 1000"),
+    (dict(N=4, B=(1, 1), horizon_ms=-1.0), "horizon_ms"),
 ])
 def test_bad_arguments_name_the_field(kwargs, needle):
     with pytest.raises(SpecError, match=None) as e:
         simulate(R2R, **kwargs)
     assert needle in str(e.value)
+
+
+def test_spec_type_is_checked():
+    with pytest.raises(SpecError, match="SystemSpec"):
+        simulate({"step_latency_ms": [1, 2]}, 2, (1, 1))
 
 
 def test_result_serialises():

@@ -174,3 +174,28 @@ def test_expected_token_credit_is_unbiased_and_tighter():
         assert abs(r.throughput_tok_s - 187.19) <= r.throughput_ci95_tok_s + 0.005
     # same route realisation (same seed), the conditional expectation removes the token-draw noise
     assert expected.throughput_ci95_tok_s < 0.8 * drawn.throughput_ci95_tok_s
+
+
+def test_admission_latency_quantiles_hand_computed():
+    # strict alternation, caps 1, L = (2, 3) ms, N = 3: model 1 serves one request every 3 ms, so each request
+    # comes back to it every 9 ms; 2 ms at model 0 (never waits: arrivals 3 ms apart), 3 ms in service at
+    # model 1, hence exactly 9 - 2 - 3 = 4 ms waiting at model 1 on every admission
+    spec = make_spec([2.0, 3.0], [[0, 1], [1, 0]], [[1, 1], [1, 1]], max_batch_size=[1, 1])
+    r = simulate(spec, 3, (1, 1), steps=30_000)
+    a0, a1 = r.admission
+    assert a0.mean_ms == pytest.approx(0.0, abs=1e-9) and a0.p99_ms == 0.0
+    assert a1.mean_ms == pytest.approx(4.0, rel=1e-3)
+    for q in (a1.p50_ms, a1.p90_ms, a1.p99_ms):
+        assert q == pytest.approx(4.0, rel=1.5e-3)      # histogram bins are 0.2% wide
+    assert r.mean_waiting[1] == pytest.approx(4.0 / 3.0, rel=1e-3)   # Little: 1/3 admissions per ms x 4 ms
+
+
+def test_jitter_keeps_mean_step_latency():
+    spec = preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2])
+    r = simulate(spec, 6, (1, 1, 1), steps=600_000, seed=4, jitter=0.5)
+    for i in range(3):
+        mean_step = r.utilization[i] * r.simulated_ms / r.launches[i]
+        # the log-normal factor has mean 1 and CV 0.5: the mean over ~10^5 launches is within ~1%
+        assert mean_step == pytest.approx(spec.latency_ms(i), rel=0.01)
+    plain = simulate(spec, 6, (1, 1, 1), steps=600_000, seed=4)
+    assert plain.throughput_tok_s != r.throughput_tok_s

@@ -363,7 +363,8 @@ class _Stepper:
         with torch.inference_mode():
             with torch.cuda.graph(self.graph):
                 self.out = self.model(input_ids=self.ids, **self.kw)
-        self.rewind()
+        # no rewind here: capture records kernels without running them, so the static cache's device-side
+        # write index did not move; every replay advances it by T and the timing loop rewinds it
 
     def step(self) -> None:
         if self.graph is not None:
@@ -476,6 +477,8 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
         raise ProfileError("--cuda-graph needs a CUDA device")
     T = 1 if mode == "decode" else int(extend_tokens)
     sizes = sorted(set(sizes))
+    if cuda and torch.device(device).index is not None:
+        torch.cuda.set_device(torch.device(device).index)  # events and synchronize act on the current device
     stats: list[BatchStats] = []
     measured_kv = None
     overhead = None
@@ -490,6 +493,7 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
         if cuda:
             torch.cuda.synchronize()
             if k == 0 and cuda_graph:
+                # a static cache allocates exactly b x (context + T) token slots; dynamic ones over-allocate
                 measured_kv = (torch.cuda.memory_allocated() - before) / (b * (context + T))
         try:
             if cuda_graph:
@@ -504,8 +508,6 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
             samples = _time_steps(stepper, steps, cuda)
             if cuda:
                 peak = int(torch.cuda.max_memory_allocated())
-                if measured_kv is None:
-                    measured_kv = None  # dynamic caches over-allocate; only the static figure is exact
             if measure_overhead and k == 0:
                 overhead = measure_timing_overhead(stepper, max(steps, 20), cuda)
         finally:

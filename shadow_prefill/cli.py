@@ -107,22 +107,34 @@ def _int_value(what: str) -> Callable[[str], int]:
 
 # ============================================================================ workloads
 
-def add_workload_args(p: argparse.ArgumentParser, pairs: str = "many") -> None:
-    """Options that define a session workload (shared by every subcommand that needs one)."""
-    src = p.add_argument_group("workload source (exactly one)")
-    g = src.add_mutually_exclusive_group(required=True)
-    g.add_argument("--trace", metavar="FILE", help="a session trace (JSONL, data/schemas/session-trace.schema.json)")
-    g.add_argument("--matrix", metavar="FILE", help="a routing-benchmark matrix (queries x model scores, JSON or JSONL)")
-    g.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
-    src.add_argument("--prices", "--models", dest="prices", metavar="FILE",
-                     help="model prices, models.json format ({model: {input_price, output_price}} in $/M tokens); "
-                          "for --matrix defaults to models.json next to the matrix")
-    src.add_argument("--name", help="workload label in the output (default: the file name, or 'synthetic')")
-    if pairs == "many":
+def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
+    """Options that define session workloads (shared by every subcommand that needs them).
+
+    ``multi``: ``--trace`` and ``--matrix`` may repeat and mix with ``--synthetic`` (one result row per workload
+    and pair); otherwise exactly one source.
+    """
+    if multi:
+        src = p.add_argument_group("workload sources (at least one; --trace and --matrix repeatable)")
+        src.add_argument("--trace", metavar="FILE", action="append",
+                         help="a session trace (JSONL, data/schemas/session-trace.schema.json)")
+        src.add_argument("--matrix", metavar="FILE", action="append",
+                         help="a routing-benchmark matrix (queries x model scores, JSON or JSONL)")
+        src.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
         src.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
                          help="with --matrix: route over this model pair (repeatable; default: every pair)")
     else:
+        src = p.add_argument_group("workload source (exactly one)")
+        g = src.add_mutually_exclusive_group(required=True)
+        g.add_argument("--trace", metavar="FILE", help="a session trace (JSONL, data/schemas/session-trace.schema.json)")
+        g.add_argument("--matrix", metavar="FILE", help="a routing-benchmark matrix (queries x model scores, JSON or "
+                                                        "JSONL)")
+        g.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
         src.add_argument("--pair", nargs=2, metavar=("A", "B"), help="with --matrix: the model pair to route over")
+    src.add_argument("--prices", "--models", dest="prices", metavar="FILE",
+                     help="model prices, models.json format ({model: {input_price, output_price}} in $/M tokens); "
+                          "for --matrix defaults to models.json next to the matrix")
+    src.add_argument("--name", help="workload label in the output (one source only; default: the file name, or "
+                                    "'synthetic')")
 
     b = p.add_argument_group("agent-loop builder (--matrix, --synthetic)")
     b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -169,14 +181,28 @@ def _loop_params(args) -> AgentLoopParams:
     return loop
 
 
-def workload_from_args(args) -> tuple[list[tuple[SessionSet, dict | None]], dict | None]:
-    """The workload(s) the options describe: a list of (sessions, accuracy) per model pair, and prices."""
+def _as_list(x) -> list:
+    return [] if x is None else (list(x) if isinstance(x, list) else [x])
+
+
+def workload_from_args(args) -> list[tuple[SessionSet, dict | None, dict | None]]:
+    """The workloads the options describe: ``(sessions, accuracy, prices)`` per workload and model pair."""
+    traces, matrices = _as_list(args.trace), _as_list(args.matrix)
+    n_sources = len(traces) + len(matrices) + int(bool(args.synthetic))
+    if n_sources == 0:
+        raise ShadowError("give a workload: --trace FILE, --matrix FILE or --synthetic")
+    if args.name and n_sources > 1:
+        raise ShadowError("--name labels a single workload; with several, each is named after its file")
+    pairs = args.pair
+    if pairs and not matrices:
+        raise ShadowError("--pair applies to --matrix only (a trace or synthetic workload names its own models)")
+    if args.tokenizer and not matrices:
+        raise ShadowError("--tokenizer applies to --matrix only")
     prices = load_prices(args.prices) if args.prices else None
-    pairs = getattr(args, "pair", None)
-    if args.matrix:
-        loop = _loop_params(args)
-        m = load_matrix(args.matrix, args.prices)
-        prices = m.prices
+    out: list[tuple[SessionSet, dict | None, dict | None]] = []
+    loop = _loop_params(args) if (matrices or args.synthetic) else None
+    for path in matrices:
+        m = load_matrix(path, args.prices)
         w = MatrixWorkload(m, loop, seed=args.seed, tokenizer=args.tokenizer, respect_tasks=args.respect_tasks,
                            name=args.name)
         if pairs is None:
@@ -185,19 +211,16 @@ def workload_from_args(args) -> tuple[list[tuple[SessionSet, dict | None]], dict
             plist = [m.ordered_pair(*pairs)]
         else:
             plist = [m.ordered_pair(a, b) for a, b in pairs]
-        return [(w.sessions(p), w.accuracy(p)) for p in plist], prices
-    if pairs:
-        raise ShadowError("--pair applies to --matrix only (a trace or synthetic workload names its own models)")
-    if args.tokenizer:
-        raise ShadowError("--tokenizer applies to --matrix only")
-    if args.trace:
-        ss = read_session_trace(args.trace, name=args.name)
-        return [(ss, None)], prices
-    loop = _loop_params(args)
-    sp = SyntheticParams(n_sessions=args.sessions, models=tuple(args.synthetic_models), switch_prob=args.switch_prob,
-                         first_input=LogNormal.parse(args.first_input), step_input=LogNormal.parse(args.step_input),
-                         loop=loop, n_tasks=args.tasks, seed=args.seed)
-    return [(generate_synthetic_sessions(sp, name=args.name or "synthetic"), None)], prices
+        out.extend((w.sessions(p), w.accuracy(p), m.prices) for p in plist)
+    for path in traces:
+        out.append((read_session_trace(path, name=args.name), None, prices))
+    if args.synthetic:
+        sp = SyntheticParams(n_sessions=args.sessions, models=tuple(args.synthetic_models),
+                             switch_prob=args.switch_prob, first_input=LogNormal.parse(args.first_input),
+                             step_input=LogNormal.parse(args.step_input), loop=loop, n_tasks=args.tasks,
+                             seed=args.seed)
+        out.append((generate_synthetic_sessions(sp, name=args.name or "synthetic"), None, prices))
+    return out
 
 
 # ============================================================================ output
@@ -299,7 +322,7 @@ def _stats_parser(sub) -> argparse.ArgumentParser:
                                    "session, prompt at switch calls, token-weighted prefix hit rates (unbounded and "
                                    "capacity-limited cache), routed token cost, and optionally isolated call "
                                    "latencies. One row per model pair (every pair of a matrix by default).")
-    add_workload_args(p, pairs="many")
+    add_workload_args(p, multi=True)
     c = p.add_argument_group("cache and cost")
     c.add_argument("--cache-capacity", action="append", metavar="TOKENS|MODEL=TOKENS",
                    help=f"per-model cache capacity in tokens of session context (default {DEFAULT_CACHE_CAPACITY}; "
@@ -334,15 +357,16 @@ def cmd_stats(args) -> int:
         capacity = {"*": capacity, **cap_named}
     replay = ReplayParams(session_rate=args.session_rate, replay_tpot_s=args.replay_tpot, seed=args.seed)
     replay.check()
-    workloads, prices = workload_from_args(args)
+    workloads = workload_from_args(args)
     if cap_named:
-        known = set().union(*(set(ss.model_names) for ss, _ in workloads))
+        known = set().union(*(set(ss.model_names) for ss, _, _ in workloads))
         unknown = sorted(set(cap_named) - known)
         if unknown:
             raise ShadowError(f"--cache-capacity names model(s) not in the workload: {', '.join(unknown)}")
     results = []
     lms_cache: dict[str, LatencyModel] = {}
-    for ss, acc in workloads:
+    metas: list[dict] = []
+    for ss, acc, prices in workloads:
         cap = capacity
         if isinstance(capacity, dict):
             cap = {k: v for k, v in capacity.items() if k == "*" or k in ss.model_names}
@@ -352,12 +376,13 @@ def cmd_stats(args) -> int:
             lms_cache.update(_latency_models(args, need) if need else {})
             lms = {m: lms_cache[m] for m in ss.model_names}
         results.append(compute_switch_tax(ss, prices=prices, cached_fraction=args.cached_fraction,
-                                        cache_capacity=cap, replay=replay, latency=lms, chunk=args.chunk,
-                                        accuracy=acc))
-    meta = dict(workloads[0][0].meta)
-    meta.pop("pair", None)
+                                          cache_capacity=cap, replay=replay, latency=lms, chunk=args.chunk,
+                                          accuracy=acc))
+        meta = {"name": ss.name, **{k: v for k, v in ss.meta.items() if k != "pair"}}
+        if meta not in metas:
+            metas.append(meta)
     doc = {"schema_version": 1, "kind": "switch_tax_stats", "tool": "tr-shadow stats", "version": VERSION,
-           "workload": meta,
+           "workloads": metas,
            "options": {"cached_fraction": args.cached_fraction, "cache_capacity": capacity,
                        "session_rate": args.session_rate, "replay_tpot_s": args.replay_tpot,
                        "latency": bool(args.latency), "gpu": args.gpu if args.latency else None},
@@ -378,7 +403,7 @@ def _sessions_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sessions", help="write a workload as a session trace (JSONL)",
                        description="Build a workload (a matrix routed over one model pair, or a synthetic one) and "
                                    "write it as a session trace; or check and normalise an existing trace.")
-    add_workload_args(p, pairs="one")
+    add_workload_args(p, multi=False)
     p.add_argument("--out", metavar="FILE", required=True, help="the trace to write (atomically)")
     return p
 
@@ -386,8 +411,7 @@ def _sessions_parser(sub) -> argparse.ArgumentParser:
 def cmd_sessions(args) -> int:
     if args.matrix and not args.pair:
         raise ShadowError("--matrix needs --pair A B to write one routed workload")
-    workloads, _ = workload_from_args(args)
-    ss = workloads[0][0]
+    ss = workload_from_args(args)[0][0]
     n = write_session_trace(ss, args.out)
     if sys.stderr.isatty():
         sys.stderr.write(f"wrote {n} calls in {ss.n_sessions} sessions to {args.out}\n")

@@ -47,7 +47,7 @@ def test_stats_matrix_all_pairs_formats(capsys, matrix, tmp_path):
     for k in ("switch_share", "hit_all", "hit_switch", "hit_all_cap", "prompt_switch_p99_tokens"):
         assert k in r
     assert r["cost"]["routed_usd"] > 0 and set(r["accuracy"]) == {"routed", "only:tiny", "only:mid"}
-    assert doc["workload"]["source"] == "matrix"
+    assert [w["source"] for w in doc["workloads"]] == ["matrix"]
     rc, out, _ = run(capsys, "stats", "--matrix", str(matrix), "--format", "csv", "--pair", "big", "tiny")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 1 and rows[0]["models"] == "tiny/big" and "cost.routed_usd" in rows[0]
@@ -80,6 +80,21 @@ def test_sessions_then_stats_on_the_trace(capsys, matrix, tmp_path):
     for k in ("calls", "switch_share", "hit_all", "hit_switch", "hit_all_cap", "prompt_switch_p99_tokens"):
         assert r[k] == r2[k]
     assert r["cost"]["routed_usd"] == pytest.approx(r2["cost"]["routed_usd"])
+
+
+def test_several_workloads_in_one_table(capsys, matrix, tmp_path):
+    t1, t2 = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert run(capsys, "sessions", "--synthetic", "--sessions", "4", "--out", str(t1))[0] == 0
+    assert run(capsys, "sessions", "--synthetic", "--sessions", "6", "--seed", "1", "--out", str(t2))[0] == 0
+    rc, out, err = run(capsys, "stats", "--trace", str(t1), "--trace", str(t2), "--matrix", str(matrix),
+                       "--pair", "tiny", "mid", "--synthetic", "--sessions", "5", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [r["workload"] for r in doc["results"]] == ["queries", "one", "two", "synthetic"]
+    assert [r["sessions"] for r in doc["results"]][1:] == [4, 6, 5]
+    assert len(doc["workloads"]) == 4
+    assert "single workload" in bad(capsys, "stats", "--trace", str(t1), "--synthetic", "--name", "x")
+    assert "give a workload" in bad(capsys, "stats", "--format", "json")
 
 
 def test_synthetic_with_latency(capsys, tmp_path):
@@ -156,7 +171,8 @@ def test_bad_inputs(capsys, matrix, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("argv", [["stats"], ["stats", "--synthetic", "--cached-fraction", "2"],
+@pytest.mark.parametrize("argv", [["sessions", "--out", "x"], ["stats", "--synthetic", "--cached-fraction", "2"],
+                                  ["sessions", "--synthetic", "--trace", "t", "--out", "x"],
                                   ["stats", "--synthetic", "--format", "xml"], ["nope"],
                                   ["stats", "--synthetic", "--session-rate", "0"]])
 def test_usage_errors_exit_2(capsys, argv):

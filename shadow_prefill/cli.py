@@ -288,6 +288,7 @@ def _dumps(doc: Any) -> str:
 # ============================================================================ latency models
 
 def _latency_models(args, models: Sequence[str]) -> dict[str, LatencyModel]:
+    """A latency model for each of ``models`` (every model of every workload of the command)."""
     _, named = _name_values(args.model_config, "--model-config", str)
     unknown = sorted(set(named) - set(models))
     if unknown:
@@ -364,17 +365,14 @@ def cmd_stats(args) -> int:
         if unknown:
             raise ShadowError(f"--cache-capacity names model(s) not in the workload: {', '.join(unknown)}")
     results = []
-    lms_cache: dict[str, LatencyModel] = {}
     metas: list[dict] = []
+    all_models = list(dict.fromkeys(m for ss, _, _ in workloads for m in ss.model_names))
+    lms_all = _latency_models(args, all_models) if args.latency else None
     for ss, acc, prices in workloads:
         cap = capacity
         if isinstance(capacity, dict):
             cap = {k: v for k, v in capacity.items() if k == "*" or k in ss.model_names}
-        lms = None
-        if args.latency:
-            need = [m for m in ss.model_names if m not in lms_cache]
-            lms_cache.update(_latency_models(args, need) if need else {})
-            lms = {m: lms_cache[m] for m in ss.model_names}
+        lms = {m: lms_all[m] for m in ss.model_names} if lms_all is not None else None
         results.append(compute_switch_tax(ss, prices=prices, cached_fraction=args.cached_fraction,
                                           cache_capacity=cap, replay=replay, latency=lms, chunk=args.chunk,
                                           accuracy=acc))

@@ -108,6 +108,17 @@ def test_synthetic_with_latency(capsys, tmp_path):
     rc, out, _ = run(capsys, "stats", "--synthetic", "--sessions", "30", "--latency", "--model-config",
                      "small=qwen3-0.6b", "--model-config", "large=qwen3-8b")
     assert "sw-slow" in out.splitlines()[0]
+    # a mapping for a model of the first pair only stays valid across all pairs of a matrix
+    m = tmp_path / "q.json"
+    m.write_text(json.dumps([{"question": "x " * 9, "scores": {"qwen3-0.6b": i % 2, "tiny": 1, "qwen3-8b": i % 3}}
+                             for i in range(12)]))
+    (tmp_path / "models.json").write_text(json.dumps({"qwen3-0.6b": {"input_price": 0.1, "output_price": 0.1},
+                                                      "tiny": {"input_price": 0.05, "output_price": 0.05},
+                                                      "qwen3-8b": {"input_price": 0.3, "output_price": 0.3}}))
+    rc, out, err = run(capsys, "stats", "--matrix", str(m), "--latency", "--model-config", "tiny=qwen3-1.7b",
+                       "--format", "json")
+    assert rc == 0, err
+    assert len(json.loads(out)["results"]) == 3
 
 
 def test_latency_command(capsys, tmp_path):

@@ -2,7 +2,9 @@
 
 The kernel is this interpreter (the project's venv): a kernelspec pointing at
 ``sys.executable`` is installed into a temp folder put first on JUPYTER_PATH,
-so a system-wide ``python3`` kernel can never be picked up instead.
+so a system-wide ``python3`` kernel can never be picked up instead, and the
+repository root is put first on the kernel's PYTHONPATH so the notebooks
+import this working tree.
 """
 
 import json
@@ -44,10 +46,12 @@ def kernel_env(tmp_path_factory):
                     "--display-name", "tr-model venv"], check=True, capture_output=True)
     spec = json.loads((prefix / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json").read_text())
     assert os.path.realpath(spec["argv"][0]) == os.path.realpath(sys.executable)
-    old = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "TR_NOTEBOOK_FAST", "MPLBACKEND")}
+    old = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "TR_NOTEBOOK_FAST", "MPLBACKEND", "PYTHONPATH")}
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(prefix / "share" / "jupyter"),
                                                                old["JUPYTER_PATH"]]))
     os.environ["TR_NOTEBOOK_FAST"] = "1"
+    # the kernel imports this working tree, whatever an editable install elsewhere points at
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old["PYTHONPATH"]]))
     os.environ.pop("MPLBACKEND", None)
     yield
     for k, v in old.items():

@@ -35,7 +35,12 @@ def optimize(spec: SystemSpec, N: int, *, solver: str = "auto", tol: float | Non
 
 def optimize_many(spec: SystemSpec, Ns: Sequence[int], *, solver: str = "auto", tol: float | None = None,
                   max_states: int | None = None, round_to_grid: bool = False, workers: int = 1,
-                  executor=None, progress=None, cache=None) -> list[Optimum]:
-    """B* for every N in ``Ns`` (one pool for the whole sweep)."""
+                  executor=None, progress=None, cache=None, search: str = "exhaustive") -> list[Optimum]:
+    """B* for every N in ``Ns`` (one pool for the whole sweep).
+
+    ``search``: ``'exhaustive'`` (the definition of B*, default) or
+    ``'local'`` (steepest ascent from the previous N's B*: far fewer chains,
+    a heuristic; see ``optimizer.search.optimize_local``).
+    """
     return optimize_sweep(spec, Ns, solver=solver, tol=tol, max_states=max_states, round_to_grid=round_to_grid,
-                          workers=workers, executor=executor, progress=progress, cache=cache)
+                          workers=workers, executor=executor, progress=progress, cache=cache, search=search)

@@ -72,6 +72,9 @@ def build_parser() -> Parser:
     s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
+    s.add_argument("--search", choices=("exhaustive", "local"), default="exhaustive",
+                   help="exhaustive: every feasible B (the definition of B*, default); local: steepest ascent "
+                   "over +-1 neighbours from the previous N's B* (far fewer chains; a heuristic)")
     s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver (default auto: "
                    "compiled Gauss-Seidel, direct LU fallback)")
     s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
@@ -131,6 +134,10 @@ def spec_from_args(a):
     """The system spec the flags describe (delta 'auto' is resolved later, once N is known)."""
     from dataclasses import replace
 
+    # other tools reuse this with parsers that lack the extension flags
+    for flag in ("L_table", "max_batch"):
+        if not hasattr(a, flag):
+            setattr(a, flag, None)
     spec = _base_spec_from_args(a)
     if a.L_table:
         from tr_model.grid import load_latency_table
@@ -284,7 +291,7 @@ def main_impl(argv=None) -> int:
         prog = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
         client = _dask_client(a.dask) if a.dask else None
         try:
-            opts = optimize_many(spec, Ns, workers=workers, executor=client, progress=prog, **kw)
+            opts = optimize_many(spec, Ns, workers=workers, executor=client, progress=prog, search=a.search, **kw)
         finally:
             if client is not None:
                 client.close()

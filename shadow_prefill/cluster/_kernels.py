@@ -1,0 +1,1278 @@
+"""Compiled kernels of :mod:`shadow_prefill.cluster` (the subpackage's only numba module).
+
+Everything the simulator runs per iteration lives here, because compiled
+functions that call each other must share one module for numba's on-disk
+cache to stay coherent.  The iteration-latency function and Algorithm 1 are
+therefore re-stated here over the same latency vector as
+:mod:`shadow_prefill.latency` / :mod:`shadow_prefill.budget`; the tests check
+both against part 1's compiled functions on random batches.
+
+The simulation model (state, events, policies, metrics) is documented in
+:mod:`shadow_prefill.cluster.sim` and ``docs/shadow_cluster.md``; comments
+here say why, not what.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+INF = np.inf
+
+# ---- policy vector (int64) indices
+P_SHADOW = 0        # 0 none, 1 harvest (fixed credit), 2 harvest-slo, 3 dedicated, 4 eager
+P_HOST = 1          # host-DRAM spill tier
+P_ORACLE = 2        # a switch call's history is cached for free
+P_TOP1 = 3          # shadow only to the most likely next model (N > 2)
+P_SIZE = 4
+
+SH_NONE = 0
+SH_HARVEST = 1
+SH_SLO = 2
+SH_DEDICATED = 3
+SH_EAGER = 4
+
+# ---- parameter vector (float64) indices
+Q_BETA = 0
+Q_MARGIN = 1
+Q_DELTA = 2
+Q_NMIN = 3
+Q_GATE = 4          # predictive gate on the predicted next-model probability (0: off)
+Q_COLD_AGE = 5
+Q_SHADOW_CAP = 6    # fraction of the KV pool
+Q_CHUNK = 7
+Q_MAX_SEQS = 8
+Q_WARM = 9          # measurement window [warm, meas_end)
+Q_MEAS_END = 10
+Q_T_MAX = 11        # hard stop
+Q_P_IDLE = 12       # W per GPU
+Q_P_MEM = 13        # W per GPU, memory-bound iteration
+Q_P_MAX = 14        # W per GPU, compute-bound iteration
+Q_POLL = 15         # re-check period of an idle instance whose shadow work waits for KV
+Q_CACHE_NORMAL = 16  # keep finished normal requests as (never-hit) cache entries
+Q_SIZE = 17
+
+# ---- request kinds
+K_NORMAL = 0
+K_ROUTED = 1
+K_EAGER = 2
+
+# ---- entry fields (rows of the int64 entry table)
+E_INST = 0
+E_SESS = 1          # session*M + model, or -1 for a finished normal request
+E_TOK = 2
+E_BASE = 3          # leading tokens not produced by shadow work
+E_LIST = 4          # 0 HBM normal, 1 HBM shadow, 2 host, -1 free
+E_PREV = 5
+E_NEXT = 6
+E_ROWS = 7
+
+L_NORM = 0
+L_SHADOW = 1
+L_HOST = 2
+
+# ---- per-instance statistics columns (float64)
+S_ENERGY_J = 0
+S_BUSY_S = 1
+S_PF_NORMAL = 2     # prefill tokens of normal requests (window)
+S_PF_ROUTED = 3
+S_PF_SHADOW = 4     # shadow tokens (harvested, dedicated or eager) in the window
+S_ITERS = 5
+S_SHADOW_KV_PEAK = 6
+S_SHADOW_KV_INT = 7  # integral of shadow KV tokens over time (window)
+S_DEC_TOK = 8
+S_SIZE = 9
+
+# ---- global statistics
+G_SHADOW_COMPUTED = 0
+G_SHADOW_USED = 1
+G_END_TIME = 2
+G_TRUNCATED = 3
+G_EAGER_OVERFLOW = 4
+G_ITERS = 5
+G_EVICT_HBM = 6
+G_SPILL = 7
+G_RELOAD_TOK = 8
+G_SIZE = 9
+
+
+# ============================================================================ latency (mirror of part 1)
+
+@nb.njit(cache=True)
+def iteration_time(lm, n_decode, decode_context, prefill_tokens, prefill_pairs, prefill_kv, n_chunks):
+    """Seconds of one iteration (same vector and formula as ``shadow_prefill.latency``)."""
+    T = n_decode + prefill_tokens
+    if T <= 0:
+        return 0.0
+    if lm[0] == 1.0:
+        return lm[1] + lm[2] * n_decode + lm[3] * decode_context + lm[4] * prefill_tokens + lm[5] * prefill_pairs
+    F = lm[6]
+    B = lm[7]
+    gemm = max(T * lm[2] / F, lm[3] / B)
+    pre = 0.0
+    if prefill_tokens > 0:
+        pre = max(prefill_pairs * lm[4] / F, prefill_kv * lm[5] / B)
+    dec = 0.0
+    if n_decode > 0:
+        dec = max(decode_context * lm[4] / F, decode_context * lm[5] / B)
+    ar = 0.0
+    if lm[8] > 0.0 or lm[9] > 0.0:
+        ar = 2.0 * (lm[8] + T * lm[9])
+    rows = n_decode + n_chunks
+    head = 0.0
+    if rows > 0:
+        head = max(rows * lm[10] / F, lm[11] / B)
+    return lm[1] * (gemm + pre + dec + ar) + head + lm[12] + n_decode * lm[13]
+
+
+@nb.njit(cache=True)
+def compute_seconds(lm, n_decode, decode_context, prefill_tokens, prefill_pairs, n_chunks):
+    """The arithmetic part of an iteration (what drives GPU power above its memory-bound level)."""
+    if lm[0] == 1.0:
+        return lm[4] * prefill_tokens + lm[5] * prefill_pairs
+    F = lm[6]
+    T = n_decode + prefill_tokens
+    return lm[1] * (T * lm[2] + (prefill_pairs + decode_context) * lm[4]) / F + (n_decode + n_chunks) * lm[10] / F
+
+
+@nb.njit(cache=True)
+def prefill_time(lm, tokens, cached, chunk):
+    """Isolated chunked prefill of ``tokens`` after ``cached`` ones."""
+    t = 0.0
+    done = 0
+    while done < tokens:
+        q = min(chunk, tokens - done)
+        c = cached + done
+        t += iteration_time(lm, 0.0, 0.0, float(q), q * (c + (q + 1) * 0.5), float(c + q), 1.0)
+        done += q
+    return t
+
+
+@nb.njit(cache=True)
+def decode_time(lm, batch, context):
+    return iteration_time(lm, float(batch), float(batch) * context, 0.0, 0.0, 0.0, 0.0)
+
+
+@nb.njit(cache=True)
+def request_slos(lm, prompt, chunk, ttft_floor, ttft_mult, tpot_floor, tpot_mult, scale):
+    """Per-request SLOs: TTFT <= max(1 s, 5 x isolated prefill), TPOT <= max(25 ms, 5 x batch-1 decode)."""
+    n = prompt.shape[0]
+    ttft = np.empty(n, np.float64)
+    tpot = np.empty(n, np.float64)
+    for i in range(n):
+        ttft[i] = scale * max(ttft_floor, ttft_mult * prefill_time(lm, prompt[i], 0, chunk))
+        tpot[i] = scale * max(tpot_floor, tpot_mult * decode_time(lm, 1, float(prompt[i])))
+    return ttft, tpot
+
+
+@nb.njit(cache=True)
+def largest_fit(lm, nd, dctx, pt, pp, pk, nc, sc, hi, n_min, limit):
+    """Largest n in [n_min, hi] with t(B + n shadow tokens over sc cached) <= limit, else 0; and that time."""
+    if hi < n_min:
+        return 0, 0.0
+    t_hi = iteration_time(lm, nd, dctx, pt + hi, pp + hi * (sc + (hi + 1) * 0.5), pk + sc + hi, nc)
+    if t_hi <= limit:
+        return hi, t_hi
+    lo = n_min
+    t_lo = iteration_time(lm, nd, dctx, pt + lo, pp + lo * (sc + (lo + 1) * 0.5), pk + sc + lo, nc)
+    if t_lo > limit:
+        return 0, 0.0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        t_mid = iteration_time(lm, nd, dctx, pt + mid, pp + mid * (sc + (mid + 1) * 0.5), pk + sc + mid, nc)
+        if t_mid <= limit:
+            lo = mid
+            t_lo = t_mid
+        else:
+            hi = mid
+    return lo, t_lo
+
+
+@nb.njit(cache=True)
+def budget_tokens(now, dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft, pf_rem, pf_tok, pf_ctx,
+                  queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, shadow_context, free_kv, room, pending,
+                  beta, margin, n_min, harvest):
+    """Algorithm 1 for one shadow chunk; same contract as part 1's ``shadow_budget`` (returns n, b, branch)."""
+    nd = dec_first.shape[0]
+    npf = pf_arr.shape[0]
+    dctx = 0.0
+    for r in range(nd):
+        dctx += dec_ctx[r]
+    pt = 0.0
+    pp = 0.0
+    pk = 0.0
+    nc = 0.0
+    for r in range(npf):
+        q = pf_tok[r]
+        if q > 0:
+            c = pf_ctx[r]
+            pt += q
+            pp += q * (c + (q + 1) * 0.5)
+            pk += c + q
+            nc += 1.0
+    base = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
+    if queue_blocked:
+        return 0, 0.0, 0
+    b, branch, limit = controller_bound(now, nd + npf == 0, harvest, routed_in_batch, credit_s, beta * tpot_slo_s,
+                                        base, dec_first, dec_iters, dec_tpot, nd, pf_arr, pf_ttft, pf_rem, npf,
+                                        margin)
+    hi = min(room, free_kv, pending)
+    if b <= 0.0:
+        return 0, b, branch
+    n, _t = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(shadow_context), hi, n_min, limit)
+    return n, b, branch
+
+
+@nb.njit(cache=True)
+def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, dec_first, dec_iters, dec_tpot, nd,
+                     pf_arr, pf_ttft, pf_rem, npf, margin):
+    """(b, branch, limit on t(B + n)): branches 1 idle, 2 routed credit, 3 SLO slack, 4 harvest credit."""
+    if empty:
+        return cap_t, 1, cap_t
+    if harvest:
+        b = min(credit_s, cap_t)
+        return b, 4, base + b
+    if routed:
+        b = min(credit_s, cap_t)
+        return b, 2, base + b
+    b = cap_t
+    keep = 1.0 - margin
+    for r in range(nd):
+        s = keep * dec_tpot[r] * (dec_iters[r] + 1) - (now - dec_first[r])
+        if s < b:
+            b = s
+    for r in range(npf):
+        s = keep * pf_ttft[r] - (now - pf_arr[r]) - pf_rem[r]
+        if s < b:
+            b = s
+    return b, 3, b
+
+
+# ============================================================================ cache entries
+
+@nb.njit(cache=True)
+def _unlink(ent, lists, e):
+    i = ent[E_INST, e]
+    l = ent[E_LIST, e]
+    p = ent[E_PREV, e]
+    n = ent[E_NEXT, e]
+    if p >= 0:
+        ent[E_NEXT, p] = n
+    else:
+        lists[i, l, 0] = n
+    if n >= 0:
+        ent[E_PREV, n] = p
+    else:
+        lists[i, l, 1] = p
+    ent[E_PREV, e] = -1
+    ent[E_NEXT, e] = -1
+
+
+@nb.njit(cache=True)
+def _push_front(ent, lists, e, l):
+    i = ent[E_INST, e]
+    ent[E_LIST, e] = l
+    ent[E_PREV, e] = -1
+    h = lists[i, l, 0]
+    ent[E_NEXT, e] = h
+    if h >= 0:
+        ent[E_PREV, h] = e
+    else:
+        lists[i, l, 1] = e
+    lists[i, l, 0] = e
+
+
+@nb.njit(cache=True)
+def _alloc(ent, free_stack, nfree):
+    """Pop a free entry id (nfree is a 1-element array); -1 if the table is full."""
+    if nfree[0] == 0:
+        return -1
+    nfree[0] -= 1
+    return free_stack[nfree[0]]
+
+
+@nb.njit(cache=True)
+def _release(ent, free_stack, nfree, e):
+    ent[E_LIST, e] = -1
+    ent[E_TOK, e] = 0
+    ent[E_SESS, e] = -1
+    free_stack[nfree[0]] = e
+    nfree[0] += 1
+
+
+@nb.njit(cache=True)
+def _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e):
+    """Remove an entry from its list and the table (no spill)."""
+    i = ent[E_INST, e]
+    l = ent[E_LIST, e]
+    _unlink(ent, lists, e)
+    used[i, 1 + l] -= ent[E_TOK, e]
+    sm = ent[E_SESS, e]
+    if sm >= 0:
+        if l == L_HOST:
+            if sm_host[sm] == e:
+                sm_host[sm] = -1
+        elif sm_hbm[sm] == e:
+            sm_hbm[sm] = -1
+    _release(ent, free_stack, nfree, e)
+
+
+@nb.njit(cache=True)
+def _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats):
+    """Evict an HBM entry; a session's entry spills to host DRAM when the tier is on (LRU there)."""
+    i = ent[E_INST, e]
+    sm = ent[E_SESS, e]
+    gstats[G_EVICT_HBM] += 1
+    if host and sm >= 0 and ent[E_TOK, e] <= caps[i, 1]:
+        old = sm_host[sm]
+        if old >= 0:
+            if ent[E_TOK, old] >= ent[E_TOK, e]:
+                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+                return
+            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old)
+        l = ent[E_LIST, e]
+        _unlink(ent, lists, e)
+        used[i, 1 + l] -= ent[E_TOK, e]
+        sm_hbm[sm] = -1
+        _push_front(ent, lists, e, L_HOST)
+        used[i, 1 + L_HOST] += ent[E_TOK, e]
+        sm_host[sm] = e
+        gstats[G_SPILL] += ent[E_TOK, e]
+        while used[i, 1 + L_HOST] > caps[i, 1]:
+            t = lists[i, L_HOST, 1]
+            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, t)
+        return
+    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+
+
+@nb.njit(cache=True)
+def _free_hbm(used, caps, i):
+    return caps[i, 0] - used[i, 0] - used[i, 1] - used[i, 2]
+
+
+@nb.njit(cache=True)
+def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, host, gstats):
+    """Evict (shadow class first, LRU within a class) until ``need`` tokens are free; False if impossible."""
+    while _free_hbm(used, caps, i) < need:
+        e = lists[i, L_SHADOW, 1]
+        if e < 0:
+            e = lists[i, L_NORM, 1]
+        if e < 0:
+            return False
+        _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+    return True
+
+
+@nb.njit(cache=True)
+def _cold_room(ent, last, lists, used, caps, i, need, cutoff, own):
+    """Free tokens plus tokens of entries idle since ``cutoff`` (not ``own``), counted until ``need``."""
+    avail = _free_hbm(used, caps, i)
+    for l in (L_SHADOW, L_NORM):
+        e = lists[i, l, 1]
+        while e >= 0 and avail < need and last[e] <= cutoff:
+            if e != own:
+                avail += ent[E_TOK, e]
+            e = ent[E_PREV, e]
+    return avail
+
+
+@nb.njit(cache=True)
+def _evict_cold(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, cutoff, own, host,
+                gstats):
+    for l in (L_SHADOW, L_NORM):
+        e = lists[i, l, 1]
+        while e >= 0 and _free_hbm(used, caps, i) < need and last[e] <= cutoff:
+            p = ent[E_PREV, e]
+            if e != own:
+                _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+            e = p
+    return _free_hbm(used, caps, i) >= need
+
+
+@nb.njit(cache=True)
+def _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e, h):
+    """A rewritten history keeps only its first ``h`` tokens of every cached copy."""
+    if e < 0 or ent[E_TOK, e] <= h:
+        return
+    i = ent[E_INST, e]
+    l = ent[E_LIST, e]
+    if h <= 0:
+        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+        return
+    used[i, 1 + l] -= ent[E_TOK, e] - h
+    ent[E_TOK, e] = h
+    if ent[E_BASE, e] > h:
+        ent[E_BASE, e] = h
+
+
+# ============================================================================ small heap (call issues)
+
+@nb.njit(cache=True)
+def _heap_push(ht, hv, n, t, v):
+    k = n
+    ht[k] = t
+    hv[k] = v
+    while k > 0:
+        p = (k - 1) // 2
+        if ht[p] < ht[k] or (ht[p] == ht[k] and hv[p] <= hv[k]):
+            break
+        ht[p], ht[k] = ht[k], ht[p]
+        hv[p], hv[k] = hv[k], hv[p]
+        k = p
+    return n + 1
+
+
+@nb.njit(cache=True)
+def _heap_pop(ht, hv, n):
+    n -= 1
+    ht[0] = ht[n]
+    hv[0] = hv[n]
+    k = 0
+    while True:
+        a = 2 * k + 1
+        if a >= n:
+            break
+        b = a + 1
+        c = a
+        if b < n and (ht[b] < ht[a] or (ht[b] == ht[a] and hv[b] < hv[a])):
+            c = b
+        if ht[k] < ht[c] or (ht[k] == ht[c] and hv[k] <= hv[c]):
+            break
+        ht[c], ht[k] = ht[k], ht[c]
+        hv[c], hv[k] = hv[k], hv[c]
+        k = c
+    return n
+
+
+@nb.njit(cache=True)
+def _job_add(jobs, n_jobs, job_pos, i, s, sm):
+    jobs[i, n_jobs[i]] = s
+    job_pos[sm] = n_jobs[i]
+    n_jobs[i] += 1
+
+
+@nb.njit(cache=True)
+def _job_remove(jobs, n_jobs, job_pos, i, s, sm, M, mm):
+    k = job_pos[sm]
+    if k < 0:
+        return
+    last_s = jobs[i, n_jobs[i] - 1]
+    jobs[i, k] = last_s
+    job_pos[last_s * M + mm] = k
+    n_jobs[i] -= 1
+    job_pos[sm] = -1
+
+
+# ============================================================================ the simulator
+
+@nb.njit(cache=True)
+def simulate(pol, par, lms, model_tpot, tok_time,
+             inst_model, inst_caps, inst_pcie, inst_tp, inst_dedicated,
+             nr_time, nr_inst, nr_prompt, nr_output, nr_ttft, nr_tpot,
+             s_start, s_offsets, s_measured,
+             c_sess, c_model, c_prompt, c_hist, c_output, c_gap, c_switch, c_ttft, c_tpot, c_pnext, c_top):
+    """Run one cluster simulation (see :mod:`shadow_prefill.cluster.sim` for the model).
+
+    Returns ``(c_out f8[C, 6], c_int i8[C, 4], n_out f8[Nn, 2], inst_stats f8[I, S_SIZE], gstats f8[G_SIZE])``:
+    per call (issue, first token, finish, TTFT SLO met flag unused, reload s, queue s) and (hit, shadow hit,
+    instance, reload tokens); per normal request (first token, finish).
+    """
+    M = lms.shape[0]
+    I = inst_model.shape[0]
+    Nn = nr_time.shape[0]
+    S = s_start.shape[0]
+    C = c_model.shape[0]
+    shadow_mode = pol[P_SHADOW]
+    host = pol[P_HOST] != 0
+    oracle = pol[P_ORACLE] != 0
+    top1 = pol[P_TOP1] != 0
+    beta = par[Q_BETA]
+    margin = par[Q_MARGIN]
+    delta = par[Q_DELTA]
+    n_min = int(par[Q_NMIN])
+    gate = par[Q_GATE]
+    cold_age = par[Q_COLD_AGE]
+    shadow_cap_frac = par[Q_SHADOW_CAP]
+    chunk = int(par[Q_CHUNK])
+    max_seqs = int(par[Q_MAX_SEQS])
+    warm = par[Q_WARM]
+    meas_end = par[Q_MEAS_END]
+    t_max = par[Q_T_MAX]
+    p_idle = par[Q_P_IDLE]
+    p_mem = par[Q_P_MEM]
+    p_max = par[Q_P_MAX]
+    poll = par[Q_POLL]
+    cache_normal = par[Q_CACHE_NORMAL] != 0.0
+    harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
+    eager = shadow_mode == SH_EAGER
+
+    # ---------------- requests: normal [0, Nn), routed [Nn, Nn + C), eager after
+    RE = 0
+    if eager:
+        RE = 4 * C * (M - 1) + 16
+    R = Nn + C + RE
+    r_kind = np.zeros(R, np.int64)
+    r_inst = np.full(R, -1, np.int64)
+    r_prompt = np.zeros(R, np.int64)
+    r_output = np.zeros(R, np.int64)
+    r_hist = np.zeros(R, np.int64)
+    r_hit = np.zeros(R, np.int64)
+    r_done = np.zeros(R, np.int64)
+    r_gen = np.zeros(R, np.int64)
+    r_res = np.zeros(R, np.int64)
+    r_pend = np.zeros(R, np.int64)
+    r_ref = np.full(R, -1, np.int64)       # call index (routed) or session*M+model (eager)
+    r_arr = np.zeros(R, np.float64)
+    r_ready = np.zeros(R, np.float64)
+    r_first = np.full(R, -1.0, np.float64)
+    r_finish = np.full(R, -1.0, np.float64)
+    r_iters = np.zeros(R, np.int64)
+    r_ttft = np.zeros(R, np.float64)
+    r_tpot = np.zeros(R, np.float64)
+    r_next = np.full(R, -1, np.int64)
+    for k in range(Nn):
+        r_kind[k] = K_NORMAL
+        r_inst[k] = nr_inst[k]
+        r_prompt[k] = nr_prompt[k]
+        r_output[k] = nr_output[k]
+        r_ttft[k] = nr_ttft[k]
+        r_tpot[k] = nr_tpot[k]
+    for c in range(C):
+        r = Nn + c
+        r_kind[r] = K_ROUTED
+        r_prompt[r] = c_prompt[c]
+        r_output[r] = c_output[c]
+        r_hist[r] = c_hist[c]
+        r_ref[r] = c
+        r_ttft[r] = c_ttft[c]
+        r_tpot[r] = c_tpot[c]
+    n_eager = 0
+
+    # ---------------- instances
+    q_head = np.full(I, -1, np.int64)
+    q_tail = np.full(I, -1, np.int64)
+    q_len = np.zeros(I, np.int64)
+    pend_tok = np.zeros(I, np.int64)        # prefill tokens queued or in flight (router estimate)
+    run = np.full((I, max_seqs), -1, np.int64)
+    n_run = np.zeros(I, np.int64)
+    inst_next = np.full(I, INF)
+    busy_until = np.zeros(I, np.float64)
+    pcie_free = np.zeros(I, np.float64)
+    credit = np.zeros(I, np.float64)
+    istats = np.zeros((I, S_SIZE), np.float64)
+    gstats = np.zeros(G_SIZE, np.float64)
+    ded_of = np.full(M, -1, np.int64)
+    for i in range(I):
+        if inst_dedicated[i]:
+            ded_of[inst_model[i]] = i
+    # used[i]: 0 active reservations, 1 HBM normal cache, 2 HBM shadow cache, 3 host cache
+    used = np.zeros((I, 4), np.int64)
+    lists = np.full((I, 3, 2), -1, np.int64)
+    E = Nn + 3 * S * M + RE + 64
+    ent = np.full((E_ROWS, E), -1, np.int64)
+    last = np.zeros(E, np.float64)
+    free_stack = np.arange(E - 1, -1, -1).astype(np.int64)
+    nfree = np.array([E], np.int64)
+
+    # ---------------- sessions
+    sm_hbm = np.full(S * M, -1, np.int64)
+    sm_host = np.full(S * M, -1, np.int64)
+    sticky = np.full(S * M, -1, np.int64)
+    sm_eager = np.full(S * M, -1, np.int64)  # eager request in flight
+    s_target = np.zeros(S, np.int64)
+    s_cur = np.full(S, -1, np.int64)         # current (or last) call index
+    s_active = np.zeros(S, np.bool_)
+    jobs = np.full((I, S), -1, np.int64)
+    n_jobs = np.zeros(I, np.int64)
+    job_pos = np.full(S * M, -1, np.int64)
+    n_sticky = np.zeros(I, np.int64)
+
+    c_out = np.full((C, 6), -1.0, np.float64)
+    c_int = np.full((C, 4), -1, np.int64)
+    n_out = np.full((Nn, 2), -1.0, np.float64)
+
+    ht = np.empty(S + 1, np.float64)
+    hv = np.empty(S + 1, np.int64)
+    nh = 0
+    outstanding = 0
+    for s in range(S):
+        c0 = s_offsets[s]
+        nh = _heap_push(ht, hv, nh, s_start[s] + c_gap[c0], c0)
+        if s_measured[s]:
+            outstanding += s_offsets[s + 1] - s_offsets[s]
+    for k in range(Nn):
+        if nr_time[k] >= warm and nr_time[k] < meas_end:
+            outstanding += 1
+
+    # scratch for the budget
+    d_first = np.empty(max_seqs, np.float64)
+    d_iters = np.empty(max_seqs, np.float64)
+    d_tpot = np.empty(max_seqs, np.float64)
+    p_arr = np.empty(max_seqs, np.float64)
+    p_ttft = np.empty(max_seqs, np.float64)
+    p_rem = np.empty(max_seqs, np.float64)
+    chunk_q = np.zeros(max_seqs, np.int64)
+
+    pa = 0
+    now = 0.0
+    while True:
+        t_arr = nr_time[pa] if pa < Nn else INF
+        t_call = ht[0] if nh > 0 else INF
+        ib = -1
+        t_inst = INF
+        for i in range(I):
+            if inst_next[i] < t_inst:
+                t_inst = inst_next[i]
+                ib = i
+        now = min(t_arr, min(t_call, t_inst))
+        if now == INF:
+            break
+        if outstanding == 0 and now >= meas_end:
+            break
+        if now > t_max:
+            gstats[G_TRUNCATED] = 1.0
+            break
+
+        if t_arr <= t_call and t_arr <= t_inst:
+            # ------------------------------------------------ normal arrival
+            r = pa
+            pa += 1
+            i = r_inst[r]
+            r_arr[r] = now
+            r_pend[r] = r_prompt[r]
+            pend_tok[i] += r_prompt[r]
+            if q_tail[i] >= 0:
+                r_next[q_tail[i]] = r
+            else:
+                q_head[i] = r
+            q_tail[i] = r
+            q_len[i] += 1
+            if inst_next[i] == INF:
+                inst_next[i] = max(now, busy_until[i])
+            continue
+
+        if t_call <= t_inst:
+            # ------------------------------------------------ a routed call is issued
+            c = hv[0]
+            nh = _heap_pop(ht, hv, nh)
+            s = c_sess[c]
+            m = c_model[c]
+            h = c_hist[c]
+            if c == s_offsets[s]:
+                s_active[s] = True
+                for mm in range(M):  # sticky instance per model: the one with the fewest sessions
+                    bi = -1
+                    for i in range(I):
+                        if inst_model[i] == mm and not inst_dedicated[i]:
+                            if bi < 0 or n_sticky[i] < n_sticky[bi]:
+                                bi = i
+                    sticky[s * M + mm] = bi
+                    n_sticky[bi] += 1
+                    _job_add(jobs, n_jobs, job_pos, bi, s, s * M + mm)
+            for mm in range(M):
+                _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[s * M + mm], h)
+                _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_host[s * M + mm], h)
+            s_cur[s] = c
+            s_target[s] = c_prompt[c]
+            # route: lowest estimated prefill completion counting only uncached tokens
+            P = c_prompt[c]
+            best = -1
+            best_t = INF
+            best_hit = 0
+            for i in range(I):
+                if inst_model[i] != m:
+                    continue
+                is_sticky = sticky[s * M + m] == i
+                if inst_dedicated[i] and not is_sticky:
+                    continue
+                hit = 0
+                extra = 0.0
+                if is_sticky:
+                    e = sm_hbm[s * M + m]
+                    if e >= 0:
+                        hit = min(ent[E_TOK, e], h)
+                    if host:
+                        eh = sm_host[s * M + m]
+                        if eh >= 0 and min(ent[E_TOK, eh], h) > hit:
+                            extra = (min(ent[E_TOK, eh], h) - hit) * inst_pcie[i]
+                            hit = min(ent[E_TOK, eh], h)
+                if oracle and c_switch[c]:
+                    hit = h
+                est = (pend_tok[i] + P - hit) * tok_time[m] + extra
+                if est < best_t or (est == best_t and is_sticky):
+                    best_t = est
+                    best = i
+                    best_hit = hit
+            i = best
+            old = sticky[s * M + m]
+            if old != i:
+                # the session moves: its cached copies on the old instance can no longer be hit
+                e = sm_hbm[s * M + m]
+                if e >= 0:
+                    ent[E_SESS, e] = -1
+                    sm_hbm[s * M + m] = -1
+                e = sm_host[s * M + m]
+                if e >= 0:
+                    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+                n_sticky[old] -= 1
+                _job_remove(jobs, n_jobs, job_pos, old, s, s * M + m, M, m)
+                sticky[s * M + m] = i
+                n_sticky[i] += 1
+                _job_add(jobs, n_jobs, job_pos, i, s, s * M + m)
+            r = Nn + c
+            r_inst[r] = i
+            r_arr[r] = now
+            r_pend[r] = P - best_hit
+            pend_tok[i] += P - best_hit
+            if q_tail[i] >= 0:
+                r_next[q_tail[i]] = r
+            else:
+                q_head[i] = r
+            q_tail[i] = r
+            q_len[i] += 1
+            if inst_next[i] == INF:
+                inst_next[i] = max(now, busy_until[i])
+            c_out[c, 0] = now
+            c_int[c, 2] = i
+            # shadow bookkeeping for the other models
+            for mm in range(M):
+                if mm == m:
+                    continue
+                sm = s * M + mm
+                if shadow_mode == SH_DEDICATED and not inst_dedicated[sticky[sm]] and ded_of[mm] >= 0:
+                    # the dedicated instance of mm takes over this session's copy on mm
+                    o = sticky[sm]
+                    e = sm_hbm[sm]
+                    if e >= 0:
+                        ent[E_SESS, e] = -1
+                        sm_hbm[sm] = -1
+                    e = sm_host[sm]
+                    if e >= 0:
+                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+                    n_sticky[o] -= 1
+                    _job_remove(jobs, n_jobs, job_pos, o, s, sm, M, mm)
+                    dd = ded_of[mm]
+                    sticky[sm] = dd
+                    n_sticky[dd] += 1
+                    _job_add(jobs, n_jobs, job_pos, dd, s, sm)
+                j = sticky[sm]
+                if harvesting and inst_next[j] == INF:
+                    inst_next[j] = max(now, busy_until[j])
+                if eager and sm_eager[sm] < 0:
+                    if n_eager < RE:
+                        re = Nn + C + n_eager
+                        n_eager += 1
+                        r_kind[re] = K_EAGER
+                        r_ref[re] = sm
+                        r_inst[re] = j
+                        r_arr[re] = now
+                        sm_eager[sm] = re
+                        if q_tail[j] >= 0:
+                            r_next[q_tail[j]] = re
+                        else:
+                            q_head[j] = re
+                        q_tail[j] = re
+                        q_len[j] += 1
+                        if inst_next[j] == INF:
+                            inst_next[j] = max(now, busy_until[j])
+                    else:
+                        gstats[G_EAGER_OVERFLOW] += 1
+            continue
+
+        # ---------------------------------------------------- an iteration starts on instance ib
+        i = ib
+        m = inst_model[i]
+        lm = lms[m]
+        T_m = model_tpot[m]
+        cap_t = beta * T_m
+        # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
+        nrun = n_run[i]
+        budget = chunk
+        nd = 0
+        dctx = 0.0
+        routed_in = False
+        next_ready = INF
+        for k in range(nrun):
+            r = run[i, k]
+            chunk_q[k] = 0
+            if r_ready[r] > now:
+                next_ready = min(next_ready, r_ready[r])
+                continue
+            if r_done[r] >= r_prompt[r]:
+                d_first[nd] = r_first[r]
+                d_iters[nd] = r_iters[r]
+                d_tpot[nd] = r_tpot[r]
+                nd += 1
+                dctx += r_prompt[r] + r_gen[r]
+                budget -= 1
+                if r_kind[r] == K_ROUTED:
+                    routed_in = True
+        npf = 0
+        pt = 0.0
+        pp = 0.0
+        pk = 0.0
+        nc = 0.0
+        pt_norm = 0.0
+        pt_routed = 0.0
+        pt_eager = 0.0
+        for k in range(nrun):
+            r = run[i, k]
+            if r_ready[r] > now or r_done[r] >= r_prompt[r] or budget <= 0:
+                continue
+            q = min(budget, r_prompt[r] - r_done[r])
+            chunk_q[k] = q
+            budget -= q
+            cc = r_done[r]
+            pt += q
+            pp += q * (cc + (q + 1) * 0.5)
+            pk += cc + q
+            nc += 1.0
+            p_arr[npf] = r_arr[r]
+            p_ttft[npf] = r_ttft[r]
+            p_rem[npf] = prefill_time(lm, r_prompt[r] - cc - q, cc + q, chunk)
+            npf += 1
+            if r_kind[r] == K_ROUTED:
+                routed_in = True
+                pt_routed += q
+            elif r_kind[r] == K_EAGER:
+                pt_eager += q
+            else:
+                pt_norm += q
+        blocked = False
+        while q_head[i] >= 0 and nrun < max_seqs and budget > 0:
+            r = q_head[i]
+            kind = r_kind[r]
+            P = r_prompt[r]
+            hit = 0
+            resident = 0
+            e = -1
+            eh = -1
+            reload = 0
+            sm = -1
+            if kind == K_EAGER:
+                sm = r_ref[r]
+                ss = sm // M
+                P = s_target[ss]
+                r_prompt[r] = P
+                r_output[r] = 0
+                if sticky[sm] != i or not s_active[ss]:
+                    q_head[i] = r_next[r]
+                    if q_head[i] < 0:
+                        q_tail[i] = -1
+                    q_len[i] -= 1
+                    sm_eager[sm] = -1
+                    continue
+            if kind != K_NORMAL:
+                if kind == K_ROUTED:
+                    sm = c_sess[r_ref[r]] * M + m
+                e = sm_hbm[sm]
+                if e >= 0:
+                    resident = ent[E_TOK, e]
+                    hit = resident
+                eh = sm_host[sm]
+                if host and eh >= 0 and ent[E_TOK, eh] > hit:
+                    reload = ent[E_TOK, eh] - hit
+                    hit = ent[E_TOK, eh]
+                else:
+                    eh = -1
+                if kind == K_ROUTED:
+                    if hit > r_hist[r]:
+                        hit = r_hist[r]
+                    if oracle and c_switch[r_ref[r]]:
+                        hit = r_hist[r]
+                        reload = 0
+                        eh = -1
+                if kind == K_EAGER and hit >= P:
+                    # nothing to warm: done at once
+                    q_head[i] = r_next[r]
+                    if q_head[i] < 0:
+                        q_tail[i] = -1
+                    q_len[i] -= 1
+                    sm_eager[sm] = -1
+                    continue
+                if hit > P - 1:
+                    hit = P - 1
+                    if reload > 0 and hit < resident + reload:
+                        reload = max(0, hit - resident)
+            need = P + r_output[r]
+            if e >= 0:
+                _unlink(ent, lists, e)  # pin: not evictable while we make room
+                l = ent[E_LIST, e]
+                used[i, 1 + l] -= resident
+                ent[E_TOK, e] = 0
+            if eh >= 0:
+                _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
+                used[i, 1 + L_HOST] -= ent[E_TOK, eh]
+            ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
+                            need - resident, host, gstats)
+            if not ok:
+                if e >= 0:
+                    ent[E_TOK, e] = resident
+                    used[i, 1 + ent[E_LIST, e]] += resident
+                    _push_front(ent, lists, e, ent[E_LIST, e])
+                if eh >= 0:
+                    used[i, 1 + L_HOST] += ent[E_TOK, eh]
+                    _push_front(ent, lists, eh, L_HOST)
+                blocked = True
+                break
+            old_base = 0
+            if e >= 0:
+                base = ent[E_BASE, e]
+                old_base = base
+                if kind == K_ROUTED and hit > base:
+                    gstats[G_SHADOW_USED] += hit - base
+                    c_int[r_ref[r], 1] = hit - base
+                sm_hbm[sm] = -1
+                _release(ent, free_stack, nfree, e)
+            if eh >= 0:
+                base = ent[E_BASE, eh]
+                old_base = max(old_base, base)
+                if kind == K_ROUTED and hit > base and resident < hit:
+                    extra_used = hit - max(base, resident)
+                    if extra_used > 0:
+                        gstats[G_SHADOW_USED] += extra_used
+                        c_int[r_ref[r], 1] = max(c_int[r_ref[r], 1], 0) + extra_used
+                sm_host[sm] = -1
+                _release(ent, free_stack, nfree, eh)
+            q_head[i] = r_next[r]
+            if q_head[i] < 0:
+                q_tail[i] = -1
+            q_len[i] -= 1
+            used[i, 0] += need
+            r_res[r] = need
+            r_hit[r] = hit
+            r_done[r] = hit
+            pend_tok[i] += (P - hit) - r_pend[r]
+            if kind == K_EAGER:
+                r_hist[r] = old_base  # tokens of the copy that real calls produced
+            if reload > 0:
+                start = max(now, pcie_free[i])
+                r_ready[r] = start + reload * inst_pcie[i]
+                pcie_free[i] = r_ready[r]
+                gstats[G_RELOAD_TOK] += reload
+                next_ready = min(next_ready, r_ready[r])
+            if kind == K_ROUTED:
+                c = r_ref[r]
+                c_int[c, 0] = hit
+                c_int[c, 3] = reload
+                c_out[c, 4] = r_ready[r] - now if reload > 0 else 0.0
+                c_out[c, 5] = now - r_arr[r]
+            run[i, nrun] = r
+            chunk_q[nrun] = 0
+            if r_ready[r] <= now and budget > 0:
+                q = min(budget, P - hit)
+                chunk_q[nrun] = q
+                budget -= q
+                cc = hit
+                pt += q
+                pp += q * (cc + (q + 1) * 0.5)
+                pk += cc + q
+                nc += 1.0
+                p_arr[npf] = r_arr[r]
+                p_ttft[npf] = r_ttft[r]
+                p_rem[npf] = prefill_time(lm, P - cc - q, cc + q, chunk)
+                npf += 1
+                if kind == K_ROUTED:
+                    routed_in = True
+                    pt_routed += q
+                elif kind == K_EAGER:
+                    pt_eager += q
+                else:
+                    pt_norm += q
+            nrun += 1
+        n_run[i] = nrun
+        base_t = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
+        dur = base_t
+
+        # ---------------- shadow chunks (Algorithm 1), lowest priority
+        sh_tok = 0
+        stretch_branch = False
+        waiting = blocked or q_head[i] >= 0
+        poll_wake = False
+        if harvesting and not waiting and n_jobs[i] > 0 and budget > 0:
+            empty = nd + npf == 0
+            if inst_dedicated[i]:
+                # a dedicated warming instance fills its whole leftover token budget
+                bnd = INF
+                branch = 1
+                limit = INF
+            else:
+                bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
+                                                      cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,
+                                                      p_rem, npf, margin)
+            stretch_branch = branch == 2 or branch == 4
+            cutoff = now - cold_age
+            cap_tokens = int(shadow_cap_frac * inst_caps[i, 0])
+            cur_t = base_t
+            tries = 0
+            while bnd > 0.0 and budget >= n_min and tries < 8:
+                tries += 1
+                # the pending job with the highest predicted probability of being switched to
+                bs = -1
+                bp = -1.0
+                bpend = 0
+                bcov = 0
+                for k in range(n_jobs[i]):
+                    s = jobs[i, k]
+                    if not s_active[s]:
+                        continue
+                    cix = s_cur[s]
+                    if cix < 0 or c_model[cix] == m:
+                        continue
+                    sm = s * M + m
+                    pr = c_pnext[cix, m]
+                    if gate > 0.0 and pr < gate:
+                        continue
+                    if top1 and c_top[cix] != m:
+                        continue
+                    e = sm_hbm[sm]
+                    cov = ent[E_TOK, e] if e >= 0 else 0
+                    eh = sm_host[sm]
+                    if eh >= 0 and ent[E_TOK, eh] > cov:
+                        continue  # its prefix waits in host DRAM: the switch call reloads it
+                    pend = s_target[s] - cov
+                    if pend < n_min:
+                        continue
+                    if pr > bp or (pr == bp and s < bs):
+                        bp = pr
+                        bs = s
+                        bpend = pend
+                        bcov = cov
+                if bs < 0:
+                    break
+                sm = bs * M + m
+                own = sm_hbm[sm]
+                hi = min(budget, bpend)
+                room_cap = cap_tokens - used[i, 2]
+                if own >= 0 and ent[E_LIST, own] == L_NORM:
+                    room_cap -= ent[E_TOK, own]  # the copy joins the shadow class
+                if room_cap < hi:
+                    hi = room_cap
+                avail = _cold_room(ent, last, lists, used, inst_caps, i, hi, cutoff, own)
+                if avail < hi:
+                    hi = avail
+                if hi < n_min:
+                    poll_wake = True
+                    break
+                n, t_new = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(bcov), hi, n_min, limit)
+                if n <= 0:
+                    break
+                if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i, n,
+                                   cutoff, own, host, gstats):
+                    break
+                own = sm_hbm[sm]
+                if own < 0:
+                    own = _alloc(ent, free_stack, nfree)
+                    if own < 0:
+                        break
+                    ent[E_INST, own] = i
+                    ent[E_SESS, own] = sm
+                    ent[E_TOK, own] = 0
+                    ent[E_BASE, own] = 0
+                    _push_front(ent, lists, own, L_SHADOW)
+                    sm_hbm[sm] = own
+                elif ent[E_LIST, own] == L_NORM:
+                    _unlink(ent, lists, own)
+                    used[i, 1] -= ent[E_TOK, own]
+                    used[i, 2] += ent[E_TOK, own]
+                    _push_front(ent, lists, own, L_SHADOW)
+                else:
+                    _unlink(ent, lists, own)
+                    _push_front(ent, lists, own, L_SHADOW)
+                ent[E_TOK, own] += n
+                used[i, 2] += n
+                last[own] = now
+                gstats[G_SHADOW_COMPUTED] += n
+                sh_tok += n
+                budget -= n
+                pt += n
+                pp += n * (bcov + (n + 1) * 0.5)
+                pk += bcov + n
+                cur_t = t_new
+            dur = cur_t if sh_tok > 0 else base_t
+
+        if dur <= 0.0:
+            # nothing runnable: sleep until a host reload completes or new work arrives
+            if next_ready < INF:
+                inst_next[i] = next_ready
+            elif poll_wake and harvesting:
+                inst_next[i] = now + poll
+            else:
+                inst_next[i] = INF
+            continue
+        t_end = now + dur
+        istats[i, S_ITERS] += 1.0
+        gstats[G_ITERS] += 1.0
+        # ---------------- energy and throughput inside the measurement window
+        ov = min(t_end, meas_end) - max(now, warm)
+        if ov > 0.0:
+            comp = compute_seconds(lm, float(nd), dctx, pt, pp, nc)
+            u = min(1.0, comp / dur)
+            frac = ov / dur
+            istats[i, S_ENERGY_J] += inst_tp[i] * ov * (p_mem + (p_max - p_mem) * u - p_idle)
+            istats[i, S_BUSY_S] += ov
+            istats[i, S_PF_NORMAL] += pt_norm * frac
+            istats[i, S_PF_ROUTED] += pt_routed * frac
+            istats[i, S_PF_SHADOW] += (sh_tok + pt_eager) * frac
+            istats[i, S_DEC_TOK] += nd * frac
+            istats[i, S_SHADOW_KV_INT] += used[i, 2] * ov
+        if used[i, 2] > istats[i, S_SHADOW_KV_PEAK]:
+            istats[i, S_SHADOW_KV_PEAK] = used[i, 2]
+        if shadow_mode == SH_EAGER:
+            gstats[G_SHADOW_COMPUTED] += pt_eager
+        # ---------------- credit (Harvest: every busy iteration; Harvest-SLO: routed iterations)
+        decode_only = nd > 0 and npf == 0
+        stretch = dur - base_t if (sh_tok > 0 and stretch_branch) else 0.0
+        cc_ = credit[i] - stretch
+        if decode_only:
+            cc_ += delta * base_t
+        credit[i] = min(cap_t, max(0.0, cc_))
+        # ---------------- apply the iteration (state now, timestamps at t_end)
+        keep = 0
+        for k in range(nrun):
+            r = run[i, k]
+            fin = False
+            if r_ready[r] > now:
+                run[i, keep] = r
+                keep += 1
+                continue
+            q = chunk_q[k]
+            if r_done[r] >= r_prompt[r]:
+                r_gen[r] += 1
+                r_iters[r] += 1
+                if r_gen[r] >= r_output[r]:
+                    fin = True
+            elif q > 0:
+                r_done[r] += q
+                pend_tok[i] -= q
+                if r_done[r] >= r_prompt[r]:
+                    r_first[r] = t_end
+                    if r_output[r] >= 1:
+                        r_gen[r] = 1
+                    if r_gen[r] >= r_output[r]:
+                        fin = True
+            if r_kind[r] == K_ROUTED and r_gen[r] > 0:
+                # output streaming: the shadow target follows the generated tokens
+                c = r_ref[r]
+                ss = c_sess[c]
+                if s_cur[ss] == c:
+                    s_target[ss] = r_prompt[r] + r_gen[r]
+                if harvesting:
+                    for mm in range(M):
+                        if mm != m:
+                            j = sticky[ss * M + mm]
+                            if j >= 0 and inst_next[j] == INF:
+                                inst_next[j] = max(t_end, busy_until[j])
+            if not fin:
+                run[i, keep] = r
+                keep += 1
+                continue
+            # ---- finished
+            r_finish[r] = t_end
+            used[i, 0] -= r_res[r]
+            kind = r_kind[r]
+            tok = r_prompt[r] + r_output[r]
+            if kind == K_NORMAL:
+                n_out[r, 0] = r_first[r]
+                n_out[r, 1] = t_end
+                if r_arr[r] >= warm and r_arr[r] < meas_end:
+                    outstanding -= 1
+            e = -1
+            if kind != K_NORMAL or cache_normal:
+                e = _alloc(ent, free_stack, nfree)
+            if e >= 0:
+                ent[E_INST, e] = i
+                ent[E_TOK, e] = tok
+                ent[E_BASE, e] = tok
+                last[e] = t_end
+                if kind == K_NORMAL:
+                    ent[E_SESS, e] = -1
+                else:
+                    if kind == K_ROUTED:
+                        ss = c_sess[r_ref[r]]
+                        sm = ss * M + m
+                    else:
+                        sm = r_ref[r]
+                        ss = sm // M
+                        ent[E_BASE, e] = min(r_hist[r], tok)
+                        old_e = sm_hbm[sm]
+                        if old_e >= 0:  # a later shadow copy (should not happen while eager runs)
+                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old_e)
+                    ent[E_SESS, e] = sm
+                    if sticky[sm] != i:
+                        ent[E_SESS, e] = -1  # the session moved away meanwhile
+                    else:
+                        if sm_hbm[sm] >= 0:
+                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[sm])
+                        sm_hbm[sm] = e
+                        eh = sm_host[sm]
+                        if eh >= 0 and ent[E_TOK, eh] <= tok:
+                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, eh)
+                _push_front(ent, lists, e, L_NORM)
+                used[i, 1] += tok
+            if kind == K_ROUTED:
+                c = r_ref[r]
+                c_out[c, 1] = r_first[r]
+                c_out[c, 2] = t_end
+                if s_measured[ss]:
+                    outstanding -= 1
+                if c + 1 < s_offsets[ss + 1]:
+                    nh = _heap_push(ht, hv, nh, t_end + c_gap[c + 1], c + 1)
+                else:
+                    s_active[ss] = False
+                    for mm in range(M):
+                        o = sticky[ss * M + mm]
+                        n_sticky[o] -= 1
+                        _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
+                if eager:
+                    for mm in range(M):
+                        if mm == m:
+                            continue
+                        sm2 = ss * M + mm
+                        if sm_eager[sm2] < 0 and n_eager < RE and s_active[ss]:
+                            j = sticky[sm2]
+                            re = Nn + C + n_eager
+                            n_eager += 1
+                            r_kind[re] = K_EAGER
+                            r_ref[re] = sm2
+                            r_inst[re] = j
+                            r_arr[re] = t_end
+                            sm_eager[sm2] = re
+                            if q_tail[j] >= 0:
+                                r_next[q_tail[j]] = re
+                            else:
+                                q_head[j] = re
+                            q_tail[j] = re
+                            q_len[j] += 1
+                            if inst_next[j] == INF:
+                                inst_next[j] = max(t_end, busy_until[j])
+            elif kind == K_EAGER:
+                sm = r_ref[r]
+                ss = sm // M
+                sm_eager[sm] = -1
+                if s_active[ss] and s_target[ss] > r_prompt[r] and n_eager < RE:
+                    re = Nn + C + n_eager
+                    n_eager += 1
+                    r_kind[re] = K_EAGER
+                    r_ref[re] = sm
+                    r_inst[re] = i
+                    r_arr[re] = t_end
+                    sm_eager[sm] = re
+                    if q_tail[i] >= 0:
+                        r_next[q_tail[i]] = re
+                    else:
+                        q_head[i] = re
+                    q_tail[i] = re
+                    q_len[i] += 1
+        n_run[i] = keep
+        busy_until[i] = t_end
+        inst_next[i] = t_end
+
+    # idle energy over the window, all GPUs
+    W = meas_end - warm
+    for i in range(I):
+        istats[i, S_ENERGY_J] += inst_tp[i] * p_idle * W
+    for c in range(C):
+        c_int[c, 1] = max(c_int[c, 1], 0)
+    gstats[G_END_TIME] = now
+    return c_out, c_int, n_out, istats, gstats

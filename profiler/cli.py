@@ -404,7 +404,9 @@ def cmd_system(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tr-profile", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="tr-profile",
+                description="Measure step latencies L_i(b) (ms) of models, estimate the routing matrix P and the "
+                            "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
     from profiler import __version__
     p.add_argument("--version", action="version", version=f"tr-profile {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{latency,routing,route-run,system}")

@@ -111,3 +111,18 @@ def test_no_pyplot_figures_or_rcparams_leak(tmp_path, r2r_optima):
     save_figure(fig, tmp_path / "x.svg")
     assert len(plt.get_fignums()) == n_figs
     assert dict(matplotlib.rcParams) == before
+
+
+def test_simulated_optimum_is_plotted_with_its_ratio_gain(tmp_path):
+    simulator = pytest.importorskip("simulator")
+    spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
+    o = simulator.optimize_by_simulation(spec, 4, budget_s=1.5, seed=1)
+    out = tmp_path / "sim.svg"
+    plot_throughput([o], out)
+    text = out.read_text()
+    assert "(simulated)" in text
+    # the model page's B*(N = 4) = (1, 3) is 11 % above eager: far outside the simulator's noise
+    assert "B* = (1, 3)" in text
+    ratio = o.throughput_tok_s / o.eager_throughput_tok_s
+    assert 1.08 < ratio < 1.14
+    assert f"({ratio:.3f}x eager)" in text

@@ -15,7 +15,8 @@ What is plotted (:func:`throughput_figure`), one panel per concurrency N:
   ``B0 + B1 - 2 < N`` is a triangle; infeasible cells are blank);
 * **M > 2**: a ranked dot plot of the best :data:`MAX_RANKED` vectors.
 
-In every panel B* (the argmax, with the optimizer's tie rule) is marked with a
+Simulated optima (``simulator.optimize_by_simulation``) are drawn the same way, with 95%
+error bars.  In every panel B* (the argmax, with the optimizer's tie rule) is marked with a
 star and the eager baseline ``B = (1, ..., 1)`` is a dashed line (or a ring on
 the heatmap).  Other figures used by the notebooks: :func:`gain_figure`
 (B* and eager throughput over N), :func:`presets_figure` and
@@ -105,8 +106,9 @@ def _check_optima(optima: Any) -> list:
     if not opts:
         raise SpecError("plot: no optimization results to plot")
     for o in opts:
-        if not hasattr(o, "best_B") or not hasattr(o, "evaluations"):
-            raise SpecError(f"plot: expected optimizer.search.Optimum objects, got {type(o).__name__}")
+        if not all(hasattr(o, k) for k in ("N", "best_B", "throughput_tok_s", "eager_throughput_tok_s")):
+            raise SpecError(f"plot: expected optimizer.search.Optimum (or simulator SimulatedOptimum) objects, "
+                            f"got {type(o).__name__}")
     return opts
 
 
@@ -114,24 +116,56 @@ def _fmt_B(B: Sequence[int]) -> str:
     return "(" + ", ".join(str(int(b)) for b in B) + ")"
 
 
-def _points(o) -> dict[tuple[int, ...], float]:
-    pts = {tuple(int(b) for b in e.B): float(e.throughput_tok_s) for e in o.evaluations}
+def _points(o) -> tuple[dict[tuple[int, ...], float], dict[tuple[int, ...], float]]:
+    """Throughput per evaluated B, and a 95% half-width per B where the source has one.
+
+    Sources, first found: ``evaluations`` (exact search), ``table`` rows with
+    ``B``/``throughput_tok_s``/``ci95_tok_s`` (simulated search: each
+    candidate's last estimate), ``ranking.entries`` (simulated finalists).
+    """
+    pts: dict[tuple[int, ...], float] = {}
+    ci: dict[tuple[int, ...], float] = {}
+    rows: list = []
+    if getattr(o, "evaluations", None):
+        rows = [{"B": e.B, "throughput_tok_s": e.throughput_tok_s} for e in o.evaluations]
+    elif getattr(o, "table", None) is not None and hasattr(o.table, "to_dict") and len(o.table):
+        rows = o.table.to_dict("records")
+    elif isinstance(getattr(o, "table", None), list) and o.table:
+        rows = list(o.table)
+    elif getattr(o, "ranking", None) is not None:
+        rows = [{"B": e.B, "throughput_tok_s": e.throughput_tok_s, "ci95_tok_s": e.ci95_tok_s}
+                for e in o.ranking.entries]
+    for r in rows:
+        B = tuple(int(b) for b in r["B"])
+        pts[B] = float(r["throughput_tok_s"])
+        if r.get("ci95_tok_s") is not None and math.isfinite(float(r["ci95_tok_s"])):
+            ci[B] = float(r["ci95_tok_s"])
     pts.setdefault(tuple(int(b) for b in o.best_B), float(o.throughput_tok_s))
     pts.setdefault((1,) * len(o.best_B), float(o.eager_throughput_tok_s))
-    return pts
+    return pts, ci
+
+
+def _gain(o) -> float:
+    # the ratio, computed here: the simulator reports its gain as a relative difference
+    return o.throughput_tok_s / o.eager_throughput_tok_s
 
 
 def _panel_title(o) -> str:
+    how = " (simulated)" if str(getattr(o, "method", "exact")).startswith("simulate") else ""
     return (f"N = {o.N}: B* = {_fmt_B(o.best_B)}, {o.throughput_tok_s:.1f} tok/s "
-            f"({o.gain_vs_eager:.3f}x eager)")
+            f"({_gain(o):.3f}x eager){how}")
 
 
-def _lines_panel(ax, o, pts) -> None:
+def _lines_panel(ax, o, pts, ci) -> None:
     b0s = sorted({B[0] for B in pts})
     for b0 in b0s:
         xs = sorted(B[1] for B in pts if B[0] == b0)
         ys = [pts[(b0, x)] for x in xs]
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.3, label=f"B0 = {b0}")
+        if ci:
+            ax.errorbar(xs, ys, yerr=[ci.get((b0, x), 0.0) for x in xs], marker="o", markersize=3, linewidth=1.3,
+                        capsize=2, label=f"B0 = {b0}")
+        else:
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.3, label=f"B0 = {b0}")
     ax.axhline(o.eager_throughput_tok_s, color="0.35", linestyle="--", linewidth=1.0,
                label=f"eager B = (1, 1): {o.eager_throughput_tok_s:.1f}")
     ax.plot([o.best_B[1]], [o.throughput_tok_s], marker="*", markersize=15, color="crimson",
@@ -165,7 +199,7 @@ def _heatmap_panel(fig, ax, o, pts) -> None:
     ax.legend(fontsize="x-small", loc="upper right")
 
 
-def _ranked_panel(ax, o, pts) -> None:
+def _ranked_panel(ax, o, pts, ci) -> None:
     ranked = sorted(pts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_RANKED]
     eager = (1,) * len(o.best_B)
     if eager not in dict(ranked):
@@ -175,6 +209,8 @@ def _ranked_panel(ax, o, pts) -> None:
     colors = ["crimson" if B == tuple(o.best_B) else ("0.35" if B == eager else "tab:blue") for B, _ in ranked]
     ax.hlines(ys, min(vals) * 0.98, vals, color="0.85", linewidth=1)
     ax.scatter(vals, ys, c=colors, s=30, zorder=3)
+    if ci:
+        ax.errorbar(vals, ys, xerr=[ci.get(B, 0.0) for B, _ in ranked], fmt="none", ecolor="0.4", capsize=2)
     best_y = ys[[B for B, _ in ranked].index(tuple(o.best_B))]
     ax.plot([o.throughput_tok_s], [best_y], marker="*", markersize=15, color="crimson", markeredgecolor="black",
             linestyle="none", zorder=4, label=f"B* = {_fmt_B(o.best_B)}")
@@ -193,7 +229,8 @@ def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES
     """A figure of throughput over the evaluated thresholds, one panel per N (see the module docstring).
 
     ``optima``: ``optimizer.search.Optimum`` objects (``tr_model.optimize`` /
-    ``optimize_many``), or one of them.  ``b0`` (M = 2): draw lines for these
+    ``optimize_many``) or ``simulator.SimulatedOptimum`` objects
+    (``optimize_by_simulation``: points carry 95% error bars), or one of them.  ``b0`` (M = 2): draw lines for these
     B0 values only, whatever their number (B* is marked even when its B0 is
     not among them).
     """
@@ -204,20 +241,22 @@ def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES
     nrows = math.ceil(n / ncols)
     fig = _new_figure(5.2 * ncols, 4.0 * nrows + 0.4)
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    all_pts = [_points(o) for o in opts]
+    both = [_points(o) for o in opts]
+    all_pts = [p for p, _ in both]
+    all_ci = [c for _, c in both]
     if b0 is not None and M == 2:
         keep = {int(x) for x in b0}
         all_pts = [{B: v for B, v in pts.items() if B[0] in keep} for pts in all_pts]
     # one panel kind for the whole figure, so that panels compare at a glance
     lines = M == 2 and (b0 is not None or max(len({B[0] for B in pts}) for pts in all_pts) <= max_lines)
-    for k, (o, pts) in enumerate(zip(opts, all_pts)):
+    for k, (o, pts, ci) in enumerate(zip(opts, all_pts, all_ci)):
         ax = axes[k // ncols][k % ncols]
         if lines:
-            _lines_panel(ax, o, pts)
+            _lines_panel(ax, o, pts, ci)
         elif M == 2:
             _heatmap_panel(fig, ax, o, pts)
         else:
-            _ranked_panel(ax, o, pts)
+            _ranked_panel(ax, o, pts, ci)
         ax.set_title(_panel_title(o), fontsize="small")
     for k in range(n, nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
@@ -250,7 +289,7 @@ def gain_figure(optima: Iterable[Any]):
     a1.set_ylabel(THROUGHPUT_LABEL)
     a1.legend(fontsize="small")
     a1.grid(True, alpha=0.3)
-    a2.plot(Ns, [o.gain_vs_eager for o in opts], marker="o", color="tab:green")
+    a2.plot(Ns, [_gain(o) for o in opts], marker="o", color="tab:green")
     a2.axhline(1.0, color="0.35", linestyle="--", linewidth=1.0)
     a2.set_xlabel("concurrency N (requests)")
     a2.set_ylabel("gain over eager (x)")

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from profiler.latency import (BatchStats, ProfileError, fit_affine, load_latency_profile, summarize_samples)
+from profiler.latency import ProfileError, fit_affine, load_latency_profile, summarize_samples
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-from collections import defaultdict
 
 import numpy as np
 import pytest

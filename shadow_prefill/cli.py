@@ -495,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (builder, func) in SUBCOMMANDS.items():
         builder(sub).set_defaults(func=func)
+    __import__("shadow_prefill.cluster.cli", fromlist=["register"]).register(sub)  # simulate, compare (part 2)
     return p
 
 

@@ -126,3 +126,14 @@ def test_simulated_optimum_is_plotted_with_its_ratio_gain(tmp_path):
     ratio = o.throughput_tok_s / o.eager_throughput_tok_s
     assert 1.08 < ratio < 1.14
     assert f"({ratio:.3f}x eager)" in text
+
+
+def test_check_plot_path(tmp_path):
+    from tr_model.plots import check_plot_path
+
+    assert check_plot_path(tmp_path / "a.PDF") == "pdf"
+    assert check_plot_path(str(tmp_path / "a.svg")) == "svg"
+    with pytest.raises(SpecError, match="unsupported extension"):
+        check_plot_path(tmp_path / "a.gif")
+    with pytest.raises(SpecError, match="does not exist"):
+        check_plot_path(tmp_path / "nope" / "a.png")

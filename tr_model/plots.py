@@ -39,7 +39,7 @@ MAX_LINES = 6
 MAX_RANKED = 15
 THROUGHPUT_LABEL = "throughput (tokens/s, all N requests)"
 
-__all__ = ["FORMATS", "plot_throughput", "throughput_figure", "gain_figure", "presets_figure",
+__all__ = ["FORMATS", "check_plot_path", "plot_throughput", "throughput_figure", "gain_figure", "presets_figure",
            "bstar_heatmap_figure", "sensitivity_figure", "latency_figure", "save_figure"]
 
 
@@ -57,6 +57,21 @@ def _format_of(path: str) -> str:
         raise SpecError(f"plot file {path!r}: unsupported extension {ext or '(none)'!r}; "
                         f"use one of {', '.join(sorted(FORMATS))}")
     return FORMATS[ext]
+
+
+def check_plot_path(path: str | os.PathLike) -> str:
+    """Validate a plot path before any computation: a known extension and an existing, writable folder.
+
+    Returns the format name (``png``, ``svg`` or ``pdf``); raises :class:`SpecError` otherwise.
+    """
+    path = os.fspath(path)
+    fmt = _format_of(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SpecError(f"plot file {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"plot file {path!r}: folder {folder!r} is not writable")
+    return fmt
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> None:

@@ -94,6 +94,8 @@ def build_parser() -> Parser:
     o.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format")
     o.add_argument("--all", action="store_true", help="also output every evaluated B")
     o.add_argument("--out", metavar="FILE.json", help="also write the JSON document to this file (atomically)")
+    o.add_argument("--plot", metavar="FILE", help="also plot throughput over the evaluated B for each N, B* "
+                   "marked, eager drawn (.png, .svg or .pdf; needs a search, not --B)")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -234,6 +236,11 @@ def main_impl(argv=None) -> int:
     if not (0 <= a.jitter < 10):
         raise SpecError(f"--jitter must be in [0, 10), got {a.jitter:g}")
     workers = _parse_workers(a.workers, spec.M, Ns)
+    if a.plot:
+        from tr_model.plots import _format_of
+        _format_of(a.plot)  # an unsupported extension fails before any work
+        if a.B is not None:
+            raise SpecError("--plot draws a search over B; drop --B")
     if not (a.tol > 0):
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
     if a.delta == "auto":
@@ -295,6 +302,9 @@ def main_impl(argv=None) -> int:
         finally:
             if client is not None:
                 client.close()
+        if a.plot:
+            from tr_model.plots import plot_throughput
+            plot_throughput(opts, a.plot)
         table = []
         for o in opts:
             doc["results"].append(o.to_dict())

@@ -9,6 +9,7 @@ import this working tree.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,9 @@ def test_stored_without_outputs(path):
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None, \
                 f"{path.name} cell {k} has stored outputs; clear them before committing"
+            src = "".join(cell["source"])
+            # logic lives in the packages (tr_model.plots, tr_model.sensitivity, ...), not in notebooks
+            assert not re.search(r"^\s*(def|class) ", src, re.M), f"{path.name} cell {k} defines a function or class"
 
 
 @pytest.fixture(scope="module")

@@ -145,3 +145,12 @@ def test_state_space_too_large_exit_3(run_tool):
 def test_unwritable_out_leaves_nothing(run_tool, tmp_path):
     _bad(run_tool, "--p", "0.35", "--L", "6", "27.9", "--N", "2", "--out", tmp_path / "nope" / "x.json",
          match="cannot write")
+
+
+def test_plot_flag(run_tool, tmp_path):
+    png = tmp_path / "b.png"
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "4", "--plot", png, "--no-cache")
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _bad(run_tool, "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--plot", tmp_path / "b.gif", match="extension")
+    assert not (tmp_path / "b.gif").exists()

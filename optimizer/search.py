@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-import pandas as pd
-
 from optimizer.evaluate import Evaluation, evaluate_thresholds
 from tr_model.errors import SpecError
 from tr_model.spec import SystemSpec
@@ -68,7 +66,7 @@ class Optimum:
     evaluations: tuple[Evaluation, ...] = field(repr=False, default=())
 
     @property
-    def table(self) -> pd.DataFrame:
+    def table(self):
         return evaluations_table(self.evaluations)
 
     def to_dict(self) -> dict:
@@ -84,7 +82,10 @@ class Optimum:
         }
 
 
-def evaluations_table(evals: Iterable[Evaluation]) -> pd.DataFrame:
+def evaluations_table(evals: Iterable[Evaluation]):
+    """Every evaluated B as a pandas DataFrame (B, tokens/s, states, transitions, residual, solver, seconds)."""
+    import pandas as pd  # imported here: the CLI's start-up time should not pay for it
+
     rows = [{"N": e.N, "B": e.B, "throughput_tok_s": e.throughput_tok_s, "states": e.states,
              "transitions": e.transitions, "residual": e.residual, "solver": e.solver, "seconds": e.seconds}
             for e in evals]

@@ -18,7 +18,7 @@ import tr_model
 import tr_model.api
 from tr_model.autotune import inputs_sha256, on_server_start, solver_options, tune
 from tr_model.spec import save_spec
-from tr_model.thresholds import ThresholdTable
+from tr_model.thresholds import ThresholdTable, WatchedThresholds
 
 SPEC = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
 
@@ -90,6 +90,8 @@ def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
     out = tmp_path / "th.json"
     t = on_server_start(SPEC, 12, out, time_budget_s=0.0, cache_dir=tmp_path / "c", background=True)
     assert not t.complete
+    watched = WatchedThresholds(out, check_interval_s=0.0)     # what a running server holds
+    assert watched.lookup(12) == t.lookup(12) == t.lookup(1)
     lock = json.loads((tmp_path / "th.json.lock").read_text())
     assert lock["pid"] != os.getpid()
     # a second start while the worker runs: no recompute, no second worker
@@ -107,7 +109,9 @@ def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
         if tab.complete:
             break
         time.sleep(0.05)
-    assert tab.complete, (tmp_path / "th.json.worker.log").read_text() if (tmp_path / "th.json.worker.log").exists() else ""
+    log = tmp_path / "th.json.worker.log"
+    assert tab.complete, log.read_text() if log.exists() else ""
+    assert watched.lookup(12) == tab.lookup(12) and watched.table.complete and watched.last_error is None
     for _ in range(100):
         if not (tmp_path / "th.json.lock").exists():
             break

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tr_model.thresholds import ThresholdFileError, ThresholdTable, canonical_sha256, spec_sha256
+from tr_model.thresholds import ThresholdFileError, ThresholdTable, WatchedThresholds, canonical_sha256, spec_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(ROOT, "tr_model", "thresholds.py")
@@ -115,6 +115,20 @@ def test_require_concurrency_rejects_a_short_table(tmp_path):
     assert ThresholdTable.load(path, require_concurrency=2).covered_concurrency == 2
     with pytest.raises(ThresholdFileError, match="covers N = 1..2 but N = 1..3 was required"):
         ThresholdTable.load(path, require_concurrency=3)
+
+
+def test_watched_file_reloads_and_survives_a_bad_replacement(tmp_path):
+    path = _write(tmp_path, _doc(2, 4, complete=False))
+    w = WatchedThresholds(path, check_interval_s=0.0)
+    assert w.lookup(4) == (1, 2)
+    os.replace(_write(tmp_path, _doc(4, 4), "new.json"), path)
+    assert w.lookup(4) == (1, 3) and w.table.complete
+    with open(path, "w") as f:
+        f.write("{ truncated")
+    os.utime(path, ns=(1, 1))
+    assert w.lookup(4) == (1, 3) and "not valid JSON" in w.last_error
+    with pytest.raises(ThresholdFileError):
+        WatchedThresholds(path)
 
 
 def test_eager_fallback_is_explicit():

@@ -20,8 +20,9 @@ gives it a :class:`~tr_model.thresholds.ThresholdTable` at once:
    separate process (``python -m tr_model.autotune_cli run ... --worker-lock``,
    new session) that resumes from the partial file and replaces it atomically
    as it progresses and when done.  A lock file ``<out>.lock`` holding the
-   worker's pid and inputs hash keeps a second server start from launching a
-   duplicate worker; a worker whose inputs are no longer wanted is stopped.
+   worker's token, pid and inputs hash keeps a second server start from
+   launching a duplicate worker; a start for other inputs replaces the token,
+   and the old worker stops (without writing) at its next ownership check.
 4. **Failure.**  A computation failure never raises into the server: one line
    is logged (logger ``tr_model.autotune``) and the eager fallback (all
    thresholds 1, ``ThresholdTable.eager``) is returned.  If only the write
@@ -40,7 +41,6 @@ import json
 import logging
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -159,37 +159,50 @@ def _lock_path(out: str) -> str:
 
 
 def _read_lock(lock: str) -> dict | None:
+    """The lock's content if a worker may still hold it (its pid is alive, or not yet recorded), else None."""
     try:
         with open(lock, "r", encoding="utf-8") as f:
             d = json.load(f)
-        pid = int(d["pid"])
+        token = str(d["token"])
+        pid = d.get("pid")
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if pid is None:  # written just before the worker was started; stale if that start never completed
+        try:
+            fresh = time.time() - os.stat(lock).st_mtime < 60.0
+        except OSError:
+            return None
+        return d if token and fresh else None
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)  # signal 0: existence check only, nothing is delivered
     except ProcessLookupError:
         return None
-    except PermissionError:
+    except (PermissionError, ValueError, OverflowError):
         pass
-    try:  # a zombie child of this process still answers kill(pid, 0): reap it and treat it as gone
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+    try:  # a finished child of this very process is a zombie until reaped: reap it, it is gone
+        if os.waitpid(int(pid), os.WNOHANG)[0] == int(pid):
             return None
-    except ChildProcessError:
+    except (ChildProcessError, ValueError, OverflowError):
         pass
     return d
 
 
-def _owns_lock(lock: str | None) -> bool:
+def _owns_lock(lock: str | None, token: str | None) -> bool:
+    """Whether the lock still names this worker (a newer start for other inputs replaces the token)."""
     if lock is None:
         return True
-    d = _read_lock(lock)
-    return d is not None and int(d["pid"]) == os.getpid()
+    try:
+        with open(lock, "r", encoding="utf-8") as f:
+            return json.load(f).get("token") == token
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time_budget_s: float | None = None,
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
-         worker_lock: str | None = None, progress: Callable[[dict], None] | None = None,
+         worker_lock: str | None = None, worker_token: str | None = None,
+         progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False) -> ThresholdTable:
     """Make ``out`` hold the table for these inputs (reuse, resume or compute); raises on errors.
 
@@ -261,12 +274,12 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
             progress(entries[-1])
         if worker_lock is not None and time.perf_counter() - last_write >= write_interval_s \
                 and len(entries) < max_concurrency:
-            if not _owns_lock(worker_lock):
+            if not _owns_lock(worker_lock, worker_token):
                 raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
             write_thresholds(out, snapshot())
             last_write = time.perf_counter()
     doc = snapshot()
-    if worker_lock is not None and not _owns_lock(worker_lock):
+    if worker_lock is not None and not _owns_lock(worker_lock, worker_token):
         raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
     try:
         write_thresholds(out, doc)
@@ -297,19 +310,18 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
     """
     lock = _lock_path(out)
     cur = _read_lock(lock)
-    if cur is not None:
-        if cur.get("inputs_sha256") == inputs_hash:
-            return None
-        try:  # a worker of ours for other inputs: its table is no longer wanted
-            os.kill(int(cur["pid"]), signal.SIGTERM)
-        except OSError:
-            pass
+    if cur is not None and cur.get("inputs_sha256") == inputs_hash:
+        return None
+    # A live worker for other inputs is not signalled: replacing the lock's token below makes it stop
+    # (without writing) at its next ownership check.
+    token = os.urandom(16).hex()
+    write_thresholds(lock, {"token": token, "inputs_sha256": inputs_hash, "started_utc": _now()})
     opts = dict(options or solver_options())
     spec_file = out + ".worker-spec.json"
     write_thresholds(spec_file, spec_to_dict(spec))
     cmd = [sys.executable, "-m", "tr_model.autotune_cli", "run", "--spec", spec_file,
            "--max-concurrency", str(max_concurrency), "--out", out, "--solver", str(opts["solver"]),
-           "--worker-lock", lock, "--quiet"]
+           "--worker-lock", lock, "--worker-token", token, "--quiet"]
     if opts.get("tol") is not None:
         cmd += ["--tol", repr(opts["tol"])]
     if opts.get("max_states") is not None:
@@ -324,7 +336,9 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
                                 close_fds=True)
     finally:
         logf.close()
-    write_thresholds(lock, {"pid": proc.pid, "inputs_sha256": inputs_hash, "started_utc": _now()})
+    if _owns_lock(lock, token):
+        write_thresholds(lock, {"token": token, "pid": proc.pid, "inputs_sha256": inputs_hash,
+                                "started_utc": _now()})
     return proc.pid
 
 

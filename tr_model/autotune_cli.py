@@ -60,6 +60,7 @@ def build_parser() -> Parser:
     t.add_argument("--max-states", type=int, metavar="S", help="stop the table before the first N whose chain "
                    "has more than S states")
     t.add_argument("--worker-lock", help="(internal) lock file of a background worker")
+    t.add_argument("--worker-token", help="(internal) the worker's token in --worker-lock")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
                    "summary")
     t.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -112,11 +113,27 @@ def _print_table(table, fmt: str, path: str | None) -> None:
         sys.stdout.write(format_table(headers, _summary_rows(table)) + "\n")
 
 
+def _spec_from_args(a):
+    from tr_model.spec import load_spec, preset
+    if a.delta is not None and (not math.isfinite(a.delta) or a.delta <= 0):
+        raise SpecError(f"--delta must be > 0 ms, got {a.delta:g}")
+    if a.spec:
+        if a.L or a.p is not None or a.q is not None or a.weights or a.algo:
+            raise SpecError("--spec defines the whole system; do not combine it with --L/--p/--q/--weights/--algo")
+        spec = load_spec(a.spec)
+        return spec.with_delta(a.delta) if a.delta is not None else spec
+    algo = a.algo or ("me" if a.weights else ("r2r" if a.p is not None else None))
+    if algo is None:
+        raise SpecError("define the system with --spec FILE, or a preset: --p (R2R), --algo, --weights")
+    if not a.L:
+        raise SpecError("--L is required with a preset: the step latency of each model in ms, e.g. --L 6.0 27.9")
+    return preset(algo, a.L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if a.delta is None else a.delta)
+
+
 def _cmd_run(a) -> int:
     import os
 
     from tr_model import autotune
-    from tr_model.cli import spec_from_args
     if a.max_concurrency < 1:
         raise SpecError(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
     if a.time_budget_s is not None and (not math.isfinite(a.time_budget_s) or a.time_budget_s < 0):
@@ -130,13 +147,14 @@ def _cmd_run(a) -> int:
     folder = os.path.dirname(os.path.abspath(a.out))
     if not os.path.isdir(folder):
         raise SpecError(f"--out: folder {folder!r} does not exist")
-    spec = spec_from_args(a)
+    spec = _spec_from_args(a)
     try:
         table = autotune.tune(spec, a.max_concurrency, a.out, time_budget_s=a.time_budget_s,
                               cache_dir=a.cache_dir, background=a.background, solver=a.solver, tol=a.tol,
-                              max_states=a.max_states, round_to_grid=a.round, worker_lock=a.worker_lock)
+                              max_states=a.max_states, round_to_grid=a.round, worker_lock=a.worker_lock,
+                              worker_token=a.worker_token)
     finally:
-        if a.worker_lock is not None and autotune._owns_lock(a.worker_lock):
+        if a.worker_lock is not None and autotune._owns_lock(a.worker_lock, a.worker_token):
             for leftover in (a.worker_lock, a.spec if a.spec and a.spec.endswith(".worker-spec.json") else None):
                 try:
                     if leftover:

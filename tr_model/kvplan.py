@@ -345,8 +345,8 @@ def plan_kv_cache(placement: Placement) -> KVPlan:
         free = budget - weights - reserved
         names = ", ".join(pl.models[k].footprint.name for k in ks)
         if free <= 0:
-            raise SpecError(f"placement cannot fit the weights: GPU {g} ({names}) needs {(weights + reserved) / GIB:.2f} "
-                            f"GiB for weights and reserves but its budget is {budget / GIB:.2f} GiB "
+            raise SpecError(f"placement cannot fit the weights: GPU {g} ({names}) needs "
+                            f"{(weights + reserved) / GIB:.2f} GiB for weights and reserves but its budget is {budget / GIB:.2f} GiB "
                             f"({pl.memory_budget_fraction:g} x {pl.gpu_memory_bytes[g] / GIB:g} GiB)")
         cap = free // kv
         cap -= cap % pl.page_size_tokens

@@ -56,6 +56,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -63,7 +64,7 @@ THRESHOLDS_SCHEMA_VERSION = 1
 THRESHOLDS_FORMAT = "tokenrouter-thresholds"
 
 __all__ = ["THRESHOLDS_SCHEMA_VERSION", "THRESHOLDS_FORMAT", "ThresholdFileError", "ThresholdTable",
-           "canonical_sha256", "spec_sha256"]
+           "WatchedThresholds", "canonical_sha256", "spec_sha256"]
 
 
 class ThresholdFileError(ValueError):
@@ -264,3 +265,50 @@ class ThresholdTable:
                    model_names=names, delta_ms=None if delta is None else float(delta), spec_sha256=digest,
                    inputs_sha256=inputs if isinstance(inputs, str) else None,
                    source="file" if path is not None else "memory", path=path, provenance=prov)
+
+
+class WatchedThresholds:
+    """A thresholds file that is re-read when it is replaced (e.g. by a background tuner).
+
+    ``lookup`` checks the file's modification time at most every
+    ``check_interval_s`` seconds and reloads it when it changed.  The first
+    load must succeed (a missing or invalid file raises); a later invalid
+    replacement keeps the previous table and is reported in ``last_error``
+    (a running server should not lose its thresholds because of a bad write).
+    """
+
+    def __init__(self, path: str | os.PathLike, check_interval_s: float = 1.0):
+        self.path = os.fspath(path)
+        self.check_interval_s = float(check_interval_s)
+        self.table = ThresholdTable.load(self.path)
+        self.last_error: str | None = None
+        self._stamp = self._stat()
+        self._checked = time.monotonic()
+
+    def _stat(self):
+        try:
+            st = os.stat(self.path)
+            return (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            return None
+
+    def refresh(self) -> bool:
+        """Reload now if the file changed; True when a new table was loaded."""
+        self._checked = time.monotonic()
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            self.table = ThresholdTable.load(self.path)
+        except ThresholdFileError as e:
+            self.last_error = str(e)
+            self._stamp = stamp
+            return False
+        self._stamp = stamp
+        self.last_error = None
+        return True
+
+    def lookup(self, active_requests: int) -> tuple:
+        if time.monotonic() - self._checked >= self.check_interval_s:
+            self.refresh()
+        return self.table.lookup(active_requests)

@@ -15,4 +15,5 @@ from tr_model.runtime.core import (FixedThresholds, MatrixRouter, Request, Runti
 from tr_model.runtime.executors import EmulatedExecutor, StepExecutor, torch_executor
 
 __all__ = ["FixedThresholds", "MatrixRouter", "Request", "RuntimeResult", "Subserver", "TokenRouterRuntime",
-           "measure_closed_loop", "run_closed_loop", "new_event_loop", "run_in_new_loop", "EmulatedExecutor", "StepExecutor", "torch_executor"]
+           "measure_closed_loop", "run_closed_loop", "new_event_loop", "run_in_new_loop", "EmulatedExecutor",
+           "StepExecutor", "torch_executor"]

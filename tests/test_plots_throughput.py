@@ -137,3 +137,12 @@ def test_check_plot_path(tmp_path):
         check_plot_path(tmp_path / "a.gif")
     with pytest.raises(SpecError, match="does not exist"):
         check_plot_path(tmp_path / "nope" / "a.png")
+
+
+def test_gain_figure_labels_bstar(tmp_path, r2r_optima):
+    from tr_model.plots import gain_figure
+
+    save_figure(gain_figure(r2r_optima), tmp_path / "g.svg")
+    text = (tmp_path / "g.svg").read_text()
+    assert "gain over eager (x)" in text and "concurrency N (requests)" in text
+    assert "(1, 2)" in text and "(1, 3)" in text  # B*(2), B*(4) from the model page

@@ -71,19 +71,8 @@ def _table_rebuild(keys, n, capacity):
 
 
 @njit(cache=True)
-def _grow_i64(a, need):
-    if need <= a.shape[0]:
-        return a
-    cap = a.shape[0] * 2
-    while cap < need:
-        cap *= 2
-    out = np.empty(cap, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit(cache=True)
-def _grow_f64(a, need):
+def _grow(a, need):
+    """``a`` itself, or a copy at least twice as long when it holds fewer than ``need`` items (any dtype)."""
     if need <= a.shape[0]:
         return a
     cap = a.shape[0] * 2
@@ -300,8 +289,8 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
                         k2[j] += parts[c, j]
                 _launch(k2, b2, r2, B, caps, d, M)
                 if nout == obuf_k.shape[0]:
-                    obuf_k = _grow_i64(obuf_k, nout + 1)
-                    obuf_p = _grow_f64(obuf_p, nout + 1)
+                    obuf_k = _grow(obuf_k, nout + 1)
+                    obuf_p = _grow(obuf_p, nout + 1)
                 obuf_k[nout] = _encode(k2, b2, r2, M, bn, br)
                 obuf_p[nout] = p
                 nout += 1
@@ -319,8 +308,8 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
         # merge duplicate successors, then record the row
         order = np.argsort(obuf_k[:nout], kind="mergesort")
         if nnz + nout > cols.shape[0]:
-            cols = _grow_i64(cols, nnz + nout)
-            vals = _grow_f64(vals, nnz + nout)
+            cols = _grow(cols, nnz + nout)
+            vals = _grow(vals, nnz + nout)
         last = np.int64(-2)
         for q in range(nout):
             o = order[q]
@@ -334,11 +323,11 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
                 if n >= max_states:
                     return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g
                 if n == keys.shape[0]:
-                    keys = _grow_i64(keys, n + 1)
-                    tau = _grow_i64(tau, n + 1)
-                    g = _grow_f64(g, n + 1)
+                    keys = _grow(keys, n + 1)
+                    tau = _grow(tau, n + 1)
+                    g = _grow(g, n + 1)
                 if n + 2 > row_ptr.shape[0]:
-                    row_ptr = _grow_i64(row_ptr, n + 2)
+                    row_ptr = _grow(row_ptr, n + 2)
                 keys[n] = kk
                 n += 1
                 if 2 * n > tkeys.shape[0]:

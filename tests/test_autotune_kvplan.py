@@ -112,6 +112,16 @@ def test_bad_placements():
         make_placement([(small, [0], 1)], 80.0, 1.5)
 
 
+def test_placement_schema_accepts_the_example():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.load(open(os.path.join(ROOT, "data", "schemas", "placement.schema.json")))
+    doc = json.load(open(PAPER))
+    jsonschema.validate(doc, schema)
+    doc["models"][0]["gpus"] = [0, 0]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tr_model.autotune_cli", *args], capture_output=True, text=True,
                           timeout=120)

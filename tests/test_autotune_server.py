@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -124,6 +125,31 @@ def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
     t0 = time.perf_counter()
     t2 = on_server_start(SPEC, 12, out, cache_dir=tmp_path / "c")
     assert time.perf_counter() - t0 < 0.25 and t2.complete
+
+
+def test_a_start_with_other_inputs_stops_the_old_worker(tmp_path):
+    out = tmp_path / "th.json"
+    on_server_start(SPEC, 40, out, time_budget_s=0.0, background=True)     # worker for N = 1..40
+    pid = json.loads((tmp_path / "th.json.lock").read_text())["pid"]
+    other = tr_model.preset("r2r", [6.0, 27.9], p=0.3)
+    t = on_server_start(other, 3, out, time_budget_s=60, background=False)
+    assert t.complete and not (tmp_path / "th.json.lock").exists()
+    deadline = time.time() + 120
+    exited = False
+    try:
+        while time.time() < deadline and not exited:   # the old worker notices at its next write and exits
+            try:
+                exited = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:
+                exited = True
+            time.sleep(0.1)
+    finally:
+        if not exited:
+            os.kill(pid, signal.SIGKILL)   # our own child, started by on_server_start above
+            os.waitpid(pid, 0)
+    assert exited
+    assert ThresholdTable.load(out).inputs_sha256 == inputs_sha256(other, 3, solver_options())
+    assert "taken over" in (tmp_path / "th.json.worker.log").read_text()
 
 
 def test_computation_failure_logs_one_line_and_returns_eager(tmp_path, monkeypatch, caplog):

@@ -198,6 +198,17 @@ def _owns_lock(lock: str | None, token: str | None) -> bool:
         return False
 
 
+def _revoke_other_worker(out: str, inputs_hash: str) -> None:
+    """Make a background worker that is filling ``out`` for other inputs stop before it writes again."""
+    lock = _lock_path(out)
+    cur = _read_lock(lock)
+    if cur is not None and cur.get("inputs_sha256") != inputs_hash:
+        try:
+            os.unlink(lock)  # the worker checks its token in the lock before every write
+        except OSError:
+            pass
+
+
 def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time_budget_s: float | None = None,
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
@@ -221,6 +232,8 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     opts = solver_options(solver, tol, max_states, round_to_grid)
     h = inputs_sha256(spec, max_concurrency, opts)
     cache_file = os.path.join(os.fspath(cache_dir), h + ".json") if cache_dir is not None else None
+    if worker_lock is None:
+        _revoke_other_worker(out, h)
 
     doc = _load_matching(out, h)
     if doc is None and cache_file is not None:

@@ -93,7 +93,10 @@ G_ITERS = 5
 G_EVICT_HBM = 6
 G_SPILL = 7
 G_RELOAD_TOK = 8
-G_SIZE = 9
+G_PF_NORMAL_ALL = 9     # prefill tokens over the whole run, per class
+G_PF_ROUTED_ALL = 10
+G_PF_EAGER_ALL = 11
+G_SIZE = 12
 
 
 # ============================================================================ latency (mirror of part 1)
@@ -845,6 +848,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             P = r_prompt[r]
             hit = 0
             resident = 0
+            free_hit = False
             e = -1
             eh = -1
             reload = 0
@@ -882,6 +886,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         hit = r_hist[r]
                         reload = 0
                         eh = -1
+                        free_hit = True
                 if kind == K_EAGER and hit >= P:
                     # nothing to warm: done at once
                     q_head[i] = r_next[r]
@@ -919,7 +924,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             if e >= 0:
                 base = ent[E_BASE, e]
                 old_base = base
-                if kind == K_ROUTED and hit > base:
+                if kind == K_ROUTED and hit > base and not free_hit:
                     gstats[G_SHADOW_USED] += hit - base
                     c_int[r_ref[r], 1] = hit - base
                 sm_hbm[sm] = -1
@@ -1118,6 +1123,9 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             istats[i, S_SHADOW_KV_INT] += used[i, 2] * ov
         if used[i, 2] > istats[i, S_SHADOW_KV_PEAK]:
             istats[i, S_SHADOW_KV_PEAK] = used[i, 2]
+        gstats[G_PF_NORMAL_ALL] += pt_norm
+        gstats[G_PF_ROUTED_ALL] += pt_routed
+        gstats[G_PF_EAGER_ALL] += pt_eager
         if shadow_mode == SH_EAGER:
             gstats[G_SHADOW_COMPUTED] += pt_eager
         # ---------------- credit (Harvest: every busy iteration; Harvest-SLO: routed iterations)

@@ -79,8 +79,8 @@ import numpy as np
 from shadow_prefill.cluster import _kernels as _k
 from shadow_prefill.cluster.policies import SHADOW_MODES, Policy, get_policy
 from shadow_prefill.cluster.power import PowerModel, power_preset
-from shadow_prefill.cluster.workload import (DEFAULT_WINDOWS, RequestSizes, next_model_prior, normal_arrivals,
-                                             schedule_sessions, synthetic_request_sizes)
+from shadow_prefill.cluster.workload import (DEFAULT_WINDOWS, RequestSizes, SessionSchedule, next_model_prior,
+                                             normal_arrivals, schedule_sessions, synthetic_request_sizes)
 from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import LatencyModel, build_roofline
 from shadow_prefill.sessions import SessionSet
@@ -520,12 +520,14 @@ def _expand_calls(ss: SessionSet, src: np.ndarray):
 def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig(),
                      policy: str | Policy = "No Shadow", scenario: Scenario = Scenario(),
                      sizes: RequestSizes | None = None, capacity: Sequence[float] | float | None = None,
-                     prior: np.ndarray | None = None) -> RunResult:
+                     prior: np.ndarray | None = None, session_starts: Sequence[float] | None = None) -> RunResult:
     """Simulate one approach on one scenario (same seed: same traffic and sessions for every approach).
 
     ``sizes``: normal-traffic request sizes (default: synthetic, Azure-conversation-like);
     ``capacity``: per-instance capacity (req/s) per model, calibrated when None;
-    ``prior``: next-model probabilities per call of ``sessions`` (default :func:`next_model_prior`).
+    ``prior``: next-model probabilities per call of ``sessions`` (default :func:`next_model_prior`);
+    ``session_starts``: explicit start times (s) of the sessions, in order, instead of Poisson starts
+    (each session once; measured when it starts inside the window).
     """
     policy = get_policy(policy)
     config.check(sessions.n_models)
@@ -561,7 +563,15 @@ def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig
         if sel.any():
             n_ttft[sel], n_tpot[sel] = _slo_arrays(lm, npr[sel], config)
     # sessions
-    sched = schedule_sessions(sessions, scenario.session_rate, warm, scenario.measure_s, rng_sess)
+    if session_starts is None:
+        sched = schedule_sessions(sessions, scenario.session_rate, warm, scenario.measure_s, rng_sess)
+    else:
+        st = np.asarray(session_starts, dtype=np.float64)
+        if st.shape != (sessions.n_sessions,) or not np.all(np.isfinite(st)) or np.any(st < 0):
+            raise ShadowError(f"session_starts must give one finite time >= 0 per session ({sessions.n_sessions})")
+        order = np.argsort(st, kind="stable")
+        sched = SessionSchedule(order.astype(np.int64), st[order], (st[order] >= warm) & (st[order] < meas_end),
+                                {"sessions_started": int(st.size), "explicit": True})
     offsets, rows, csess = _expand_calls(sessions, sched.source)
     c_model = sessions.model[rows].astype(np.int64)
     c_prompt = sessions.prompt[rows].astype(np.int64)

@@ -126,3 +126,27 @@ def test_torch_executor_on_cuda():
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     r = measure_closed_loop(spec, 4, (1, 2), ex, duration_s=2.0, warmup_s=0.5, max_output_tokens=8)
     assert r.tokens > 0
+
+
+def test_measure_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from tr_model.autotune import tune
+    th = tmp_path / "th.json"
+    tune(tr_model.preset("r2r", [6.0, 27.9], p=0.35), 4, th)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "tr_model.autotune_cli", "measure", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    r = cli("--p", "0.35", "--L", "6.0", "27.9", "--clients", "4", "--thresholds", str(th), "--duration-s", "2",
+            "--warmup-s", "0.2", "--time-scale", "3", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["B"] == [1, 3]                                    # looked up for N = 4 in the file
+    assert doc["predicted"]["throughput_tok_s"] == pytest.approx(207.95, abs=0.01)
+    assert doc["measured"]["throughput_tok_s"] > 0
+    for bad in (["--B", "1", "5"], ["--B", "1"], ["--B", "1", "1", "--time-scale", "0"]):
+        r = cli("--p", "0.35", "--L", "6.0", "27.9", "--clients", "4", "--duration-s", "1", *bad)
+        assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1

@@ -7,6 +7,8 @@ Subcommands::
     tr-autotune show    FILE [--active-requests N] [--require-concurrency N] [--format table|json|csv]
     tr-autotune kv-plan --placement FILE [--gpu-memory-gib G] [--memory-budget-fraction F]
                         [--max-concurrency N] [--format table|json|csv] [--out FILE]
+    tr-autotune measure --p P --L MS MS --clients N (--B B0 B1 | --thresholds FILE)
+                        [--time-scale S] [--duration-s S] [--warmup-s S]
 
 ``tr-autotune --spec FILE --max-concurrency N --out FILE`` (no subcommand) means ``run``.
 Bad input: one ``error:`` line on stderr and exit code 2.
@@ -21,14 +23,14 @@ import sys
 from tr_model._cli_util import Parser, format_table, run_cli, to_csv
 from tr_model.errors import SpecError
 
-SUBCOMMANDS = ("run", "show", "kv-plan")
+SUBCOMMANDS = ("run", "show", "kv-plan", "measure")
 
 
 def build_parser() -> Parser:
     p = Parser(prog="tr-autotune", description="Compute delayed-batching thresholds B*(N) for N = 1..max "
                "concurrency into a thresholds file a server reads at start (tr_model.thresholds), inspect such "
                "files, and plan the KV-cache budget of models sharing GPUs.")
-    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan}")
+    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure}")
 
     r = sub.add_parser("run", help="compute (or reuse) the thresholds file for a spec",
                        description="Compute B*(N) for N = 1..--max-concurrency and write the thresholds file "
@@ -87,6 +89,33 @@ def build_parser() -> Parser:
                    "requests can keep")
     k.add_argument("--format", choices=("table", "json", "csv"), default="table")
     k.add_argument("--out", metavar="FILE.json", help="also write the plan as JSON (atomically)")
+
+    m = sub.add_parser("measure", help="run the reference runtime (emulated steps) and compare with the chain",
+                       description="N closed-loop clients against the reference asyncio runtime (three loops per "
+                       "subserver, delayed batching), every step sleeping L_i(b) * --time-scale; prints measured "
+                       "throughput, per-request speed and admission latency in the spec's time units next to the "
+                       "chain's prediction.")
+    g = m.add_argument_group("system (--spec, or a preset via --p/--algo/--weights with --L)")
+    g.add_argument("--spec", metavar="FILE.json")
+    g.add_argument("--algo", choices=("r2r", "citer", "co-llm", "r-stitch", "me"))
+    g.add_argument("--p", type=float)
+    g.add_argument("--q", type=float)
+    g.add_argument("--weights", type=float, nargs="+", metavar="W")
+    g.add_argument("--L", type=float, nargs="+", metavar="MS", help="step latency of each model, milliseconds")
+    g.add_argument("--delta", type=float, metavar="MS", help="time quantum of the prediction, milliseconds")
+    m.add_argument("--clients", type=int, required=True, metavar="N", help="closed-loop clients (concurrency N)")
+    th = m.add_mutually_exclusive_group(required=True)
+    th.add_argument("--B", type=int, nargs="+", metavar="B", help="fixed threshold vector, one per model")
+    th.add_argument("--thresholds", metavar="FILE.json", help="thresholds file, looked up with the live active "
+                    "count")
+    m.add_argument("--time-scale", type=float, default=10.0, help="every emulated step lasts L_i(b) times this "
+                   "(default 10)")
+    m.add_argument("--duration-s", type=float, default=30.0, help="measured window, wall-clock seconds")
+    m.add_argument("--warmup-s", type=float, default=2.0, help="warm-up before the window, wall-clock seconds")
+    m.add_argument("--output-tokens", type=int, default=512, help="output tokens per request (default 512)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--no-predict", action="store_true", help="skip the chain's prediction")
+    m.add_argument("--format", choices=("table", "json", "csv"), default="table")
     return p
 
 
@@ -226,6 +255,65 @@ def _cmd_kv_plan(a) -> int:
     return 0
 
 
+def _cmd_measure(a) -> int:
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.thresholds import ThresholdTable
+    a.round = False
+    spec = _spec_from_args(a)
+    if a.clients < 1:
+        raise SpecError(f"--clients must be >= 1, got {a.clients}")
+    for flag, v in (("--time-scale", a.time_scale), ("--duration-s", a.duration_s)):
+        if not math.isfinite(v) or v <= 0:
+            raise SpecError(f"{flag} must be > 0, got {v:g}")
+    if not math.isfinite(a.warmup_s) or a.warmup_s < 0:
+        raise SpecError(f"--warmup-s must be >= 0, got {a.warmup_s:g}")
+    if a.output_tokens < 1:
+        raise SpecError(f"--output-tokens must be >= 1, got {a.output_tokens}")
+    if a.thresholds:
+        table = ThresholdTable.load(a.thresholds)
+        if table.num_models != spec.M:
+            raise SpecError(f"--thresholds has {table.num_models} models, the system has {spec.M}")
+        B, thresholds = table.lookup(a.clients), table
+    else:
+        B = tuple(a.B)
+        if len(B) != spec.M or min(B) < 1 or sum(b - 1 for b in B) >= a.clients:
+            raise SpecError(f"--B needs {spec.M} integers >= 1 with sum(B_i - 1) < --clients = {a.clients}, "
+                            f"got {list(B)}")
+        thresholds = B
+    ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
+    r = measure_closed_loop(spec, a.clients, thresholds, ex, duration_s=a.duration_s, warmup_s=a.warmup_s,
+                            max_output_tokens=a.output_tokens, seed=a.seed)
+    doc = {"N": a.clients, "B": list(B), "time_scale": a.time_scale, "model_seconds": r.window_s,
+           "measured": {"throughput_tok_s": r.throughput_tok_s, "throughput_ci95_tok_s": r.throughput_ci95_tok_s,
+                        "per_request_tok_s": r.per_request_tok_s, "admission_latency_ms": list(r.admission_latency_ms),
+                        "mean_batch_size": list(r.mean_batch_size), "relative_timer_noise": r.relative_timer_noise}}
+    if not a.no_predict:
+        import tr_model
+        ev = tr_model.evaluate(spec, a.clients, B, round_to_grid=True)
+        doc["predicted"] = {"throughput_tok_s": ev.throughput_tok_s, "per_request_tok_s": ev.per_request_tok_s,
+                            "admission_latency_ms": list(ev.admission_latency_ms)}
+    headers = ["quantity", "measured", "predicted"]
+    pred = doc.get("predicted", {})
+
+    def f(x):
+        return "-" if x is None or not math.isfinite(x) else f"{x:.2f}"
+
+    rows = [["throughput_tok_s", f"{f(r.throughput_tok_s)} +- {f(r.throughput_ci95_tok_s)}",
+             f(pred.get("throughput_tok_s"))],
+            ["per_request_tok_s", f(r.per_request_tok_s), f(pred.get("per_request_tok_s"))]]
+    for i in range(spec.M):
+        rows.append([f"admission_latency_ms[{i}]", f(r.admission_latency_ms[i]),
+                     f(pred["admission_latency_ms"][i]) if pred else "-"])
+    if a.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=1, default=float) + "\n")
+    elif a.format == "csv":
+        sys.stdout.write(to_csv(headers, rows))
+    else:
+        sys.stdout.write(f"N = {a.clients}, B = {list(B)}, {r.window_s:g} s of model time, timer noise "
+                         f"{100 * (r.relative_timer_noise or 0):.2f}%\n" + format_table(headers, rows) + "\n")
+    return 0
+
+
 def main_impl(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
@@ -237,6 +325,8 @@ def main_impl(argv=None) -> int:
         return _cmd_show(a)
     if a.command == "kv-plan":
         return _cmd_kv_plan(a)
+    if a.command == "measure":
+        return _cmd_measure(a)
     build_parser().print_help()
     return 2
 

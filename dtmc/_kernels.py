@@ -305,8 +305,14 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
             if a < 0:
                 break
 
-        # merge duplicate successors, then record the row
-        order = np.argsort(obuf_k[:nout], kind="mergesort")
+        # merge duplicate successors, then record the row; one completing model
+        # gives distinct successors (its outcomes differ in the queue vector and
+        # the launch rule is injective on them), so only simultaneous
+        # completions need the sort
+        if na > 1:
+            order = np.argsort(obuf_k[:nout], kind="mergesort")
+        else:
+            order = np.arange(nout)
         if nnz + nout > cols.shape[0]:
             cols = _grow(cols, nnz + nout)
             vals = _grow(vals, nnz + nout)

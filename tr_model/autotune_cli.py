@@ -327,8 +327,7 @@ def main_impl(argv=None) -> int:
         return _cmd_kv_plan(a)
     if a.command == "measure":
         return _cmd_measure(a)
-    build_parser().print_help()
-    return 2
+    raise SpecError("a subcommand is required: run, show, kv-plan or measure (see tr-autotune --help)")
 
 
 def main(argv=None) -> int:

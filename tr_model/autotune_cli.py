@@ -96,11 +96,11 @@ def build_parser() -> Parser:
                        "throughput, per-request speed and admission latency in the spec's time units next to the "
                        "chain's prediction.")
     g = m.add_argument_group("system (--spec, or a preset via --p/--algo/--weights with --L)")
-    g.add_argument("--spec", metavar="FILE.json")
-    g.add_argument("--algo", choices=("r2r", "citer", "co-llm", "r-stitch", "me"))
-    g.add_argument("--p", type=float)
-    g.add_argument("--q", type=float)
-    g.add_argument("--weights", type=float, nargs="+", metavar="W")
+    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (tr_model.spec format)")
+    g.add_argument("--algo", choices=("r2r", "citer", "co-llm", "r-stitch", "me"), help="routing preset")
+    g.add_argument("--p", type=float, help="escalation probability per token from model 0")
+    g.add_argument("--q", type=float, help="r-stitch: probability per token of switching back 1->0")
+    g.add_argument("--weights", type=float, nargs="+", metavar="W", help="me: ensemble weights, one per model")
     g.add_argument("--L", type=float, nargs="+", metavar="MS", help="step latency of each model, milliseconds")
     g.add_argument("--delta", type=float, metavar="MS", help="time quantum of the prediction, milliseconds")
     m.add_argument("--clients", type=int, required=True, metavar="N", help="closed-loop clients (concurrency N)")
@@ -108,14 +108,17 @@ def build_parser() -> Parser:
     th.add_argument("--B", type=int, nargs="+", metavar="B", help="fixed threshold vector, one per model")
     th.add_argument("--thresholds", metavar="FILE.json", help="thresholds file, looked up with the live active "
                     "count")
-    m.add_argument("--time-scale", type=float, default=10.0, help="every emulated step lasts L_i(b) times this "
+    m.add_argument("--time-scale", type=float, default=10.0, metavar="X", help="every emulated step lasts L_i(b) times this "
                    "(default 10)")
-    m.add_argument("--duration-s", type=float, default=30.0, help="measured window, wall-clock seconds")
-    m.add_argument("--warmup-s", type=float, default=2.0, help="warm-up before the window, wall-clock seconds")
-    m.add_argument("--output-tokens", type=int, default=512, help="output tokens per request (default 512)")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--duration-s", type=float, default=30.0, metavar="S", help="measured window, wall-clock "
+                   "seconds (default 30)")
+    m.add_argument("--warmup-s", type=float, default=2.0, metavar="S", help="warm-up before the window, wall-clock "
+                   "seconds (default 2)")
+    m.add_argument("--output-tokens", type=int, default=512, metavar="T", help="output tokens per request "
+                   "(default 512)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the routing draws (default 0)")
     m.add_argument("--no-predict", action="store_true", help="skip the chain's prediction")
-    m.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    m.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format")
     return p
 
 

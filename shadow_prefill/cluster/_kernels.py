@@ -997,10 +997,16 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         if harvesting and not waiting and n_jobs[i] > 0 and budget > 0:
             empty = nd + npf == 0
             if inst_dedicated[i]:
-                # a dedicated warming instance fills its whole leftover token budget
-                bnd = INF
-                branch = 1
-                limit = INF
+                # a dedicated warming instance fills its whole token budget when it serves nothing, and the
+                # SLO slack of the (routed) requests it serves otherwise: it has no normal traffic to protect
+                if empty:
+                    bnd = INF
+                    branch = 1
+                    limit = INF
+                else:
+                    bnd, branch, limit = controller_bound(now, False, False, False, credit[i], cap_t, base_t,
+                                                          d_first, d_iters, d_tpot, nd, p_arr, p_ttft, p_rem, npf,
+                                                          margin)
             else:
                 bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
                                                       cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,

@@ -34,13 +34,14 @@ import csv
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.sessions import SessionSet
 
-__all__ = ["RequestSizes", "read_azure_trace", "synthetic_request_sizes", "DEFAULT_WINDOWS", "window_multipliers",
+__all__ = ["mixed_synthetic_sessions", "RequestSizes", "read_azure_trace", "synthetic_request_sizes", "DEFAULT_WINDOWS", "window_multipliers",
            "next_model_prior", "SessionSchedule", "schedule_sessions", "normal_arrivals"]
 
 DEFAULT_WINDOWS: dict[str, float] = {"peak": 1.0, "median": 0.5, "trough": 0.25}
@@ -255,3 +256,48 @@ def schedule_sessions(ss: SessionSet, session_rate: float, warmup_s: float, meas
         src = np.concatenate([np.arange(ss.n_sessions), rng.integers(0, ss.n_sessions, size=k - ss.n_sessions)])
     return SessionSchedule(src.astype(np.int64), t, t >= warmup_s,
                            {"sessions_started": int(k), "resampled": int(max(0, k - ss.n_sessions))})
+
+
+def mixed_synthetic_sessions(switch_probs: Sequence[float] = (0.1, 0.45), n_sessions: int = 300,
+                             base: "SyntheticParams | None" = None, seed: int = 0,
+                             name: str = "mixed") -> SessionSet:
+    """Part 1's synthetic sessions, one task per switch probability (sessions split evenly, interleaved).
+
+    Tasks differ in how often they switch model, which is what the next-model
+    prior (and so Predictive's gate and the shadow ordering) can learn.
+    """
+    from dataclasses import replace as _replace
+
+    from shadow_prefill.builder import SyntheticParams, generate_synthetic_sessions
+    if not switch_probs:
+        raise ShadowError("need at least one switch probability")
+    base = base or SyntheticParams()
+    k = len(switch_probs)
+    parts = []
+    for t, p in enumerate(switch_probs):
+        n = n_sessions // k + (1 if t < n_sessions % k else 0)
+        if n == 0:
+            continue
+        parts.append((t, generate_synthetic_sessions(_replace(base, n_sessions=n, switch_prob=float(p),
+                                                              seed=seed * 1000 + t, n_tasks=1))))
+    # interleave sessions of the tasks so every task spreads over the run
+    order = []
+    m = max(ss.n_sessions for _, ss in parts)
+    for j in range(m):
+        for t, ss in parts:
+            if j < ss.n_sessions:
+                order.append((t, ss, j))
+    cols = {k2: [] for k2 in ("model", "prompt", "new_input", "output", "gap_s", "append_only", "score")}
+    lengths, task, sids = [], [], []
+    for t, ss, j in order:
+        a, b = int(ss.offsets[j]), int(ss.offsets[j + 1])
+        for k2 in cols:
+            cols[k2].append(getattr(ss, k2)[a:b])
+        lengths.append(b - a)
+        task.append(t)
+        sids.append(f"{name}-t{t}-{j}")
+    return SessionSet.from_arrays(model_names=parts[0][1].model_names, lengths=lengths, session_ids=sids,
+                                  task=task, task_names=[f"switch{p:g}" for p in switch_probs], name=name,
+                                  meta={"source": "mixed synthetic", "switch_probs": list(map(float, switch_probs)),
+                                        "seed": seed},
+                                  **{k2: np.concatenate(v) for k2, v in cols.items()})

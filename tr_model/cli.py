@@ -237,8 +237,8 @@ def main_impl(argv=None) -> int:
         raise SpecError(f"--jitter must be in [0, 10), got {a.jitter:g}")
     workers = _parse_workers(a.workers, spec.M, Ns)
     if a.plot:
-        from tr_model.plots import _format_of
-        _format_of(a.plot)  # an unsupported extension fails before any work
+        from tr_model.plots import check_plot_path
+        check_plot_path(a.plot)  # a bad extension or folder fails before any work
         if a.B is not None:
             raise SpecError("--plot draws a search over B; drop --B")
     if not (a.tol > 0):
@@ -282,8 +282,12 @@ def main_impl(argv=None) -> int:
     if roundings:
         doc["roundings"] = roundings
     if a.method != "exact":
-        _run_simulation_methods(spec, Ns, a, kw, doc)
+        found: list = []
+        _run_simulation_methods(spec, Ns, a, kw, doc, found)
         rows, headers = _simulation_rows(doc)
+        if a.plot:
+            from tr_model.plots import plot_throughput
+            plot_throughput(found, a.plot)
     elif a.B is not None:
         for N in Ns:
             ev = evaluate(spec, N, a.B, **kw)
@@ -368,8 +372,11 @@ def _simulator_kwargs(a):
     return kw
 
 
-def _run_simulation_methods(spec, Ns, a, kw, doc):
-    """--method simulate|auto: per N, the exact chain when allowed and affordable, else the simulator."""
+def _run_simulation_methods(spec, Ns, a, kw, doc, found=None):
+    """--method simulate|auto: per N, the exact chain when allowed and affordable, else the simulator.
+
+    The optimum objects (exact or simulated) are appended to ``found`` for plotting.
+    """
     from tr_model.api import evaluate, optimize
     from tr_model.errors import StateSpaceTooLarge
 
@@ -380,7 +387,10 @@ def _run_simulation_methods(spec, Ns, a, kw, doc):
                 if a.B is not None:
                     r = evaluate(spec, N, a.B, **kw).to_dict()
                 else:
-                    r = optimize(spec, N, **kw).to_dict()
+                    opt = optimize(spec, N, **kw)
+                    r = opt.to_dict()
+                    if found is not None:
+                        found.append(opt)
                 r.update(method="exact", ci95_tok_s=0.0, tie_set=[r["B"]])
                 doc["results"].append(r)
                 continue
@@ -388,10 +398,10 @@ def _run_simulation_methods(spec, Ns, a, kw, doc):
                 pass
         if sim_kw is None:
             sim_kw = _simulator_kwargs(a)
-        doc["results"].append(_simulate_one(spec, N, a, sim_kw))
+        doc["results"].append(_simulate_one(spec, N, a, sim_kw, found))
 
 
-def _simulate_one(spec, N, a, sim_kw):
+def _simulate_one(spec, N, a, sim_kw, found=None):
     import simulator
 
     if a.B is not None:
@@ -401,6 +411,8 @@ def _simulate_one(spec, N, a, sim_kw):
                 "admission_latency_ms": list(res.admission_latency_ms), "mean_waiting": list(res.mean_waiting),
                 "request_steps": res.request_steps, "tie_set": [list(res.B)], "seconds": res.wall_s}
     o = simulator.optimize_by_simulation(spec, N, budget_s=a.sim_budget, **sim_kw)
+    if found is not None:
+        found.append(o)
     best = o.ranking.entries[0].result
     return {"N": N, "B": list(o.best_B), "method": "simulate", "throughput_tok_s": o.throughput_tok_s,
             "ci95_tok_s": o.ci95_tok_s, "eager_throughput_tok_s": o.eager_throughput_tok_s,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATES, Chain, DTMCError,
+from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATES, DEFAULT_MAX_TRANSITIONS,
+                        Chain, DTMCError,
                         StateLimitExceeded, build_chain, state_bound)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import DEFAULT_TOL, SOLVERS, StationaryResult, closed_classes, residual, stationary_distribution
@@ -21,7 +22,7 @@ __all__ = [
     "Chain", "DTMCError", "StateLimitExceeded", "StationaryResult", "ChainSolution",
     "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain",
-    "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
+    "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
 ]
 
 
@@ -52,9 +53,10 @@ class ChainSolution:
 
 
 def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
-                max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None) -> ChainSolution:
+                max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
+                max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> ChainSolution:
     """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards."""
-    chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states)
+    chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states, max_transitions=max_transitions)
     t0 = time.perf_counter()
     st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0)
     pi = st.pi

@@ -197,7 +197,7 @@ def _launch(k, b, r, B, caps, d, M):
 
 
 @njit(cache=True)
-def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states, init_cap):
+def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions, init_cap):
     """Breadth-first enumeration of the reachable states and their transitions.
 
     Returns ``(status, n, keys, row_ptr, cols, vals, tau, g)``: the first ``n``
@@ -205,7 +205,8 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
     order, duplicates merged, columns sorted by key within a row), the holding
     time ``tau`` in quanta and the expected committed tokens ``g`` of each
     state.  ``status`` is OK, TOO_MANY_STATES (stopped once ``n`` exceeded
-    ``max_states``) or DEADLOCK (a state with no running model).
+    ``max_states`` or its transitions ``max_transitions``, before the buffers
+    could outgrow memory) or DEADLOCK (a state with no running model).
     """
     M = B.shape[0]
     cap = init_cap
@@ -313,6 +314,8 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
             order = np.argsort(obuf_k[:nout], kind="mergesort")
         else:
             order = np.arange(nout)
+        if nnz + nout > max_transitions:
+            return TOO_MANY_STATES, n, keys, row_ptr, cols, vals, tau, g
         if nnz + nout > cols.shape[0]:
             cols = _grow(cols, nnz + nout)
             vals = _grow(vals, nnz + nout)

@@ -38,13 +38,17 @@ class DTMCError(ValueError):
 class StateLimitExceeded(RuntimeError):
     """Enumeration stopped because the reachable set exceeded ``max_states``."""
 
-    def __init__(self, max_states: int, estimate: int, bytes_estimate: int):
+    def __init__(self, max_states: int, estimate: int, bytes_estimate: int, transitions: bool = False,
+                 max_transitions: int = 0):
         self.max_states = max_states
         self.estimate = estimate
         self.bytes_estimate = bytes_estimate
-        super().__init__(
-            f"the reachable state space exceeds max_states = {max_states:,} "
-            f"(upper-bound estimate {estimate:,} states, about {bytes_estimate / 2**30:.1f} GiB)")
+        self.transitions = transitions
+        self.max_transitions = max_transitions
+        what = (f"its transitions exceed max_transitions = {max_transitions:,}" if transitions
+                else f"the reachable state space exceeds max_states = {max_states:,}")
+        super().__init__(f"{what} (upper-bound estimate {estimate:,} states, about "
+                         f"{bytes_estimate / 2**30:.1f} GiB)")
 
 
 # Bytes held per state and per transition at the peak of build + solve:
@@ -54,6 +58,8 @@ class StateLimitExceeded(RuntimeError):
 BYTES_PER_STATE = 8 + 8 + 8 + 8 + 32 + 24 * 3 + 8 * 4
 BYTES_PER_TRANSITION = (8 + 8) * 3
 DEFAULT_MAX_STATES = 20_000_000
+# transitions cost ~40 bytes at the peak (CSR, its transpose, buffer slack): 150M is ~6 GiB
+DEFAULT_MAX_TRANSITIONS = 150_000_000
 
 
 @dataclass(frozen=True)
@@ -144,15 +150,15 @@ def _compositions(N: int, M: int):
 
 
 def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=None,
-                max_states: int = DEFAULT_MAX_STATES) -> Chain:
+                max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> Chain:
     """Enumerate the states reachable from the initial state and assemble the chain.
 
     ``P``, ``C``: (M, M) routing probabilities and committed tokens.  ``d``:
     (M, N+1) integer durations in quanta, ``d[i, b]`` for a batch of ``b``
     (column 0 unused).  ``B``: thresholds (length M, feasible:
     ``sum(B_i - 1) < N``).  ``caps``: batch caps (default N).  Raises
-    :class:`StateLimitExceeded` once more than ``max_states`` states are found,
-    before their transitions could exhaust memory.
+    :class:`StateLimitExceeded` once more than ``max_states`` states or
+    ``max_transitions`` transitions are found, before they could exhaust memory.
     """
     P = np.ascontiguousarray(P, dtype=np.float64)
     C = np.ascontiguousarray(C, dtype=np.float64)
@@ -189,11 +195,12 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     prob = K.composition_probabilities(P, offsets, parts, logfact)
     init_cap = 1024
     status, n, keys, row_ptr, cols, vals, tau, g = K.build_chain(
-        N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, int(max_states), init_cap)
+        N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions), init_cap)
     if status == K.TOO_MANY_STATES:
         est = state_bound(N, d, B, caps)
         raise StateLimitExceeded(int(max_states), max(est, n),
-                                 max(est, n) * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION))
+                                 max(est, n) * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION),
+                                 transitions=n <= max_states, max_transitions=int(max_transitions))
     if status == K.DEADLOCK:
         raise DTMCError("the chain reached a state where no model runs (deadlock); check B and the routing matrix")
     t1 = time.perf_counter()

@@ -102,6 +102,11 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
                                tol=tol, max_states=max_states)
     except dtmc.StateLimitExceeded as e:
+        if e.transitions:
+            raise StateSpaceTooLarge(
+                f"N = {N}, B = {Bt}: the chain has more than {e.max_transitions:,} transitions (about "
+                f"{e.max_transitions * 40 / 2**30:.0f} GiB at the peak); lower N, use a coarser --delta, "
+                f"or use the simulator (--method simulate)") from None
         raise StateSpaceTooLarge(
             f"N = {N}, B = {Bt}: the state space has more than max_states = {e.max_states:,} states "
             f"(upper-bound estimate {e.estimate:,}, about {e.bytes_estimate / 2**30:.1f} GiB); "

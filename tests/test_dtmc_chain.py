@@ -173,3 +173,10 @@ def test_batch_dependent_latency_slows_down():
     slow = make_spec([6.0, 27.9], R2R.P, R2R.C,
                      latency_curves=[{"intercept_ms": 5.0, "per_request_ms": 1.0}, None])
     assert tr_model.evaluate(slow, 6, (1, 1)).throughput_tok_s < tr_model.evaluate(R2R, 6, (1, 1)).throughput_tok_s
+
+
+def test_transition_limit_stops_enumeration():
+    d, _ = R2R.quanta_table(16)
+    with pytest.raises(dtmc.StateLimitExceeded) as info:
+        dtmc.build_chain(R2R.P, R2R.C, d, 16, (1, 1), max_transitions=500)
+    assert info.value.transitions and "max_transitions = 500" in str(info.value)

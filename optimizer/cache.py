@@ -1,7 +1,9 @@
 """On-disk result cache for chain evaluations.
 
 Key: SHA-256 of the canonical JSON of (spec, N, B, delta, solver, tolerance,
-max_states, rounding flag, cache format version, package version).  Value: the
+max_states, rounding flag, cache format version, package version, and a hash
+of the chain code itself, so an upgrade or a local edit never serves stale
+numbers).  Value: the
 evaluation as JSON, one file per key under ``<dir>/<key[:2]>/<key>.json``.
 Writers go through a temporary file and an atomic rename, so concurrent
 writers (processes of one sweep, several server starts) never expose a partial
@@ -29,6 +31,25 @@ def default_cache_dir() -> str:
     return os.path.join(base, "tr-model", "evaluations")
 
 
+_CODE_HASH: str | None = None
+
+
+def code_fingerprint() -> str:
+    """SHA-256 over the source of the modules that compute an evaluation."""
+    global _CODE_HASH
+    if _CODE_HASH is None:
+        import dtmc
+        import optimizer.evaluate as ev
+        h = hashlib.sha256()
+        folder = os.path.dirname(dtmc.__file__)
+        files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+        for path in files + [ev.__file__]:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        _CODE_HASH = h.hexdigest()
+    return _CODE_HASH
+
+
 def evaluation_key(spec: SystemSpec, N: int, B, solver: str, tol: float, max_states: int,
                    round_to_grid: bool) -> str:
     from tr_model import __version__
@@ -37,7 +58,8 @@ def evaluation_key(spec: SystemSpec, N: int, B, solver: str, tol: float, max_sta
     d.pop("name", None)
     d.pop("model_names", None)
     doc = {"format": CACHE_FORMAT, "version": __version__, "spec": d, "N": int(N), "B": [int(b) for b in B],
-           "solver": solver, "tol": float(tol), "max_states": int(max_states), "round": bool(round_to_grid)}
+           "solver": solver, "tol": float(tol), "max_states": int(max_states), "round": bool(round_to_grid),
+           "code": code_fingerprint()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

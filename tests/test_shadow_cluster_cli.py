@@ -61,6 +61,22 @@ def test_compare_csv_and_sweep():
     assert doc["sweep"]["param"] == "rho" and len(doc["results"]) == 4
 
 
+def test_compare_models_per_router_sweep():
+    r = tr_shadow("compare", "--synthetic", "--sessions", "30", "--warmup", "10", "--measure", "60",
+                  "--sweep", "models_per_router=2,3", "--sim-seeds", "0", "--windows", "peak", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    rows = doc["results"]
+    assert [x["value"] for x in rows] == [2] * 4 + [3] * 4
+    assert {x["approach"] for x in rows} == {"No Shadow", "Harvest-SLO+Host", "Harvest-SLO+Host, top-1",
+                                              "Oracle+Host"}
+    # with two models top-1 is the only other model: identical to shadowing all targets
+    two = {x["approach"]: x for x in rows if x["value"] == 2}
+    assert two["Harvest-SLO+Host"]["shadow_tokens"] == two["Harvest-SLO+Host, top-1"]["shadow_tokens"]
+    three = {x["approach"]: x for x in rows if x["value"] == 3}
+    assert three["Harvest-SLO+Host, top-1"]["shadow_tokens"] < three["Harvest-SLO+Host"]["shadow_tokens"]
+
+
 @pytest.mark.parametrize("args,msg", [
     (["simulate", *BASE, "--approach", "Warm-All"], "unknown approach"),
     (["simulate", *BASE, "--traffic", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
@@ -69,6 +85,8 @@ def test_compare_csv_and_sweep():
     (["simulate", "--synthetic", "--synthetic-models", "alpha", "beta", "--capacity", "1"], "alpha"),
     (["compare", *BASE, "--sweep", "colour=1,2"], "cannot sweep"),
     (["compare", *BASE, "--sim-seeds", "a,b"], "--sim-seeds"),
+    (["compare", "--trace", "/nonexistent/s.jsonl", "--sweep", "models_per_router=2,3"], "/nonexistent/s.jsonl"),
+    (["compare", *BASE, "--sweep", "models_per_router=1.5"], "models_per_router"),
     (["compare", *BASE, "--workers", "0"], "--workers"),
 ])
 def test_bad_input_one_error_line(args, msg):
@@ -76,6 +94,15 @@ def test_bad_input_one_error_line(args, msg):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
+
+
+def test_models_per_router_sweep_needs_synthetic(tmp_path):
+    from shadow_prefill import SyntheticParams, generate_synthetic_sessions, write_session_trace
+    ss = generate_synthetic_sessions(SyntheticParams(n_sessions=5, models=("qwen2.5-7b", "llama-3.1-70b")))
+    path = tmp_path / "s.jsonl"
+    write_session_trace(ss, path)
+    r = tr_shadow("compare", "--trace", path, "--capacity", "5", "--sweep", "models_per_router=2,3")
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "needs --synthetic" in r.stderr
 
 
 def test_bad_flag_value_is_argparse_error():

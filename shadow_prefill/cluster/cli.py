@@ -306,7 +306,9 @@ def _compare_parser(sub) -> argparse.ArgumentParser:
                                                                     "or load multipliers (default all three)")
     p.add_argument("--sim-seeds", default="0,1,2", help="comma-separated simulation seeds (default 0,1,2)")
     p.add_argument("--sweep", metavar="PARAM=V1,V2,...",
-                   help=f"sweep one parameter ({', '.join(SWEEP_PARAMS)}); default approaches then Harvest-SLO, "
+                   help=f"sweep one parameter ({', '.join(SWEEP_PARAMS)}, or models_per_router with --synthetic: "
+                        f"N = 2.. models from qwen2.5-7b, llama-3.1-70b, llama-3.1-8b, mistral-nemo-12b, "
+                        f"mixtral-8x7b, all-target vs top-1); default approaches then Harvest-SLO, "
                         f"Harvest-SLO+Host, Oracle+Host")
     p.add_argument("--context-bins", metavar="T1,T2,...",
                    help="also report switch-call latency reduction per prompt-length bin (token edges)")
@@ -379,14 +381,18 @@ def cmd_compare(args) -> int:
             if "=" not in args.sweep:
                 raise ShadowError("--sweep must look like PARAM=V1,V2,...")
             param, vals = args.sweep.split("=", 1)
+            param = param.strip()
             try:
                 values = [float(v) for v in vals.split(",") if v.strip()]
             except ValueError:
                 raise ShadowError(f"--sweep values must be numbers, got {vals!r}") from None
-            df = sweep(ss, param.strip(), values, config, approaches, seeds, windows, sc, sizes, cap,
-                       workers=workers, executor=client, progress=_progress())
+            if param == "models_per_router":
+                df = _sweep_models(args, values, config, seeds, windows, sc, sizes, workers, client)
+            else:
+                df = sweep(ss, param, values, config, approaches, seeds, windows, sc, sizes, cap,
+                           workers=workers, executor=client, progress=_progress())
             rows = [_clean(r) for r in df.to_dict("records")]
-            doc["sweep"] = {"param": param.strip(), "values": values}
+            doc["sweep"] = {"param": param, "values": values}
             cols = (("param", "param", "{}"), ("value", "value", "{:g}")) + _CMP_COLS
         else:
             runs = run_grid(ss, config, approaches, seeds, windows, sc, sizes, cap, workers=workers,
@@ -414,6 +420,27 @@ def cmd_compare(args) -> int:
         text = _table(rows, cols)
     _emit(text, args.out)
     return 0
+
+
+def _sweep_models(args, values, config, seeds, windows, sc, sizes, workers, client):
+    """``--sweep models_per_router=2,3,...``: synthetic sessions re-drawn over the first N candidate models."""
+    from shadow_prefill.builder import LogNormal, SyntheticParams
+    from shadow_prefill.cli import _loop_params
+    from shadow_prefill.cluster.sweep import sweep_models_per_router
+    if not args.synthetic:
+        raise ShadowError("--sweep models_per_router needs --synthetic (the sessions are re-routed over N models)")
+    ns = [int(v) for v in values]
+    if any(n != v or n < 2 for n, v in zip(ns, values)):
+        raise ShadowError(f"models_per_router values must be integers >= 2, got {values}")
+    syn = SyntheticParams(n_sessions=args.sessions, switch_prob=args.switch_prob,
+                          first_input=LogNormal.parse(args.first_input), step_input=LogNormal.parse(args.step_input),
+                          loop=_loop_params(args), n_tasks=args.tasks, seed=args.seed)
+    base = replace(config, models=DEFAULT_PAIR)
+    df = sweep_models_per_router(ns, synthetic=syn, config=base, seeds=seeds, windows=windows, scenario=sc,
+                                 sizes=sizes, workers=workers, executor=client, progress=_progress())
+    df = df.rename(columns={"models_per_router": "value"})
+    df.insert(0, "param", "models_per_router")
+    return df
 
 
 def register(subparsers) -> None:

@@ -82,7 +82,7 @@ def context_length_experiment(fast: bool | None = None, bins: Sequence[float] = 
     return reduction_by_context(runs, tuple(bins) + (math.inf,))
 
 
-def load_experiment(fast: bool | None = None, rhos: Sequence[float] = (0.2, 0.5, 0.8),
+def load_experiment(fast: bool | None = None, rhos: Sequence[float] = (0.2, 0.5, 0.9, 1.0),
                     workers: int = 1, executor=None, capacity=CAP_DEFAULT) -> pd.DataFrame:
     """LLM-call latency reduction of Harvest-SLO, Harvest-SLO+Host and Oracle+Host versus normal load rho."""
     fast = fast_mode() if fast is None else fast

@@ -139,6 +139,8 @@ def test_conservation(runs, approach):
     pf = r.totals[K.G_PF_NORMAL_ALL]
     assert r.normal_measured.sum() > 0 and fin[r.normal_measured].all()
     assert pf >= 0
+    # the KV bookkeeping adds up at the end (list sums = counters, reservations, session maps, free entries)
+    assert r.totals[K.G_INVARIANT_ERRORS] == 0
     # shadow used never exceeds shadow computed
     assert r.totals[K.G_SHADOW_USED] <= r.totals[K.G_SHADOW_COMPUTED] + 0.5
     if APPROACHES[approach].shadow == "none":
@@ -224,6 +226,20 @@ def test_host_tier_reloads_evicted_session_context():
     assert b.call_reload_tokens.sum() > 0 and a.call_reload_tokens.sum() == 0
     assert b.call_hit.sum() > a.call_hit.sum()
     assert b.totals[K.G_PF_ROUTED_ALL] < a.totals[K.G_PF_ROUTED_ALL]
+
+
+@pytest.mark.parametrize("approach", APPROACH_NAMES)
+def test_kv_bookkeeping_under_pressure(approach):
+    # small pools, a small host tier and high load: constant eviction, spills, reloads and blocked admissions
+    from shadow_prefill.cluster.workload import mixed_synthetic_sessions
+    ss = mixed_synthetic_sessions(n_sessions=60, seed=2)
+    cfg = ClusterConfig(kv_capacity_tokens=(150_000, 150_000), host_gb_per_gpu=2.0, instances=2)
+    sc = Scenario(rho=0.9, warmup_s=20.0, measure_s=80.0, drain_s=600.0, session_rate=0.3, seed=4)
+    r = simulate_cluster(ss, cfg, approach, sc, capacity=CAP)
+    assert r.totals[K.G_INVARIANT_ERRORS] == 0
+    assert r.totals[K.G_EVICT_HBM] > 0
+    assert r.totals[K.G_PF_ROUTED_ALL] == pytest.approx(float((r.call_prompt - r.call_hit)[r.call_done].sum()),
+                                                        abs=float((r.call_prompt)[~r.call_done].sum()) + 0.5)
 
 
 # ----------------------------------------------------------------------------- determinism

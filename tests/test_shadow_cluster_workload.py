@@ -180,6 +180,16 @@ def test_executor_gives_same_results_as_serial(grid):
         assert np.array_equal(a.call_finish_s, b.call_finish_s)
 
 
+def test_dask_client_executor(grid):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is an optional extra")
+    ss, sc, runs = grid
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
+        par = run_grid(ss, ClusterConfig(), ["No Shadow", "Harvest-SLO+Host", "Oracle"], seeds=(0,),
+                       windows=("peak",), scenario=sc, capacity=CAP, executor=client)
+    for a, b in zip(runs[:3], par):
+        assert a.approach == b.approach and np.array_equal(a.call_finish_s, b.call_finish_s)
+
+
 def test_map_tasks_process_pool():
     assert map_tasks(abs, [-1, -2, 3], workers=2) == [1, 2, 3]
     with pytest.raises(ShadowError):

@@ -96,7 +96,8 @@ G_RELOAD_TOK = 8
 G_PF_NORMAL_ALL = 9     # prefill tokens over the whole run, per class
 G_PF_ROUTED_ALL = 10
 G_PF_EAGER_ALL = 11
-G_SIZE = 12
+G_INVARIANT_ERRORS = 12  # end-of-run KV bookkeeping mismatches (0 when consistent)
+G_SIZE = 13
 
 
 # ============================================================================ latency (mirror of part 1)
@@ -406,6 +407,54 @@ def _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e, h):
     ent[E_TOK, e] = h
     if ent[E_BASE, e] > h:
         ent[E_BASE, e] = h
+
+
+@nb.njit(cache=True)
+def _check_invariants(ent, lists, used, caps, nfree, sm_hbm, sm_host, run, n_run, r_res, M):
+    """Count KV bookkeeping mismatches: list sums vs counters, links, capacity, session maps, free entries."""
+    bad = 0
+    I = used.shape[0]
+    live = 0
+    for i in range(I):
+        for l in range(3):
+            tot = 0
+            e = lists[i, l, 0]
+            prev = -1
+            while e >= 0:
+                live += 1
+                if ent[E_LIST, e] != l or ent[E_INST, e] != i or ent[E_PREV, e] != prev or ent[E_TOK, e] <= 0:
+                    bad += 1
+                sm = ent[E_SESS, e]
+                if sm >= 0:
+                    if l == L_HOST and sm_host[sm] != e:
+                        bad += 1
+                    if l != L_HOST and sm_hbm[sm] != e:
+                        bad += 1
+                tot += ent[E_TOK, e]
+                prev = e
+                e = ent[E_NEXT, e]
+            if lists[i, l, 1] != prev:
+                bad += 1
+            if tot != used[i, 1 + l]:
+                bad += 1
+        act = 0
+        for k in range(n_run[i]):
+            act += r_res[run[i, k]]
+        if act != used[i, 0]:
+            bad += 1
+        if used[i, 0] + used[i, 1] + used[i, 2] > caps[i, 0] or used[i, 3] > caps[i, 1]:
+            bad += 1
+    # every entry the session maps point at is live, and the table adds up
+    for sm in range(sm_hbm.shape[0]):
+        e = sm_hbm[sm]
+        if e >= 0 and (ent[E_LIST, e] < 0 or ent[E_LIST, e] == L_HOST or ent[E_SESS, e] != sm):
+            bad += 1
+        e = sm_host[sm]
+        if e >= 0 and (ent[E_LIST, e] != L_HOST or ent[E_SESS, e] != sm):
+            bad += 1
+    if live + nfree[0] != ent.shape[1]:
+        bad += 1
+    return float(bad)
 
 
 # ============================================================================ small heap (call issues)
@@ -1282,6 +1331,8 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         busy_until[i] = t_end
         inst_next[i] = t_end
 
+    gstats[G_INVARIANT_ERRORS] = _check_invariants(ent, lists, used, inst_caps, nfree, sm_hbm, sm_host, run, n_run,
+                                                   r_res, M)
     # idle energy over the window, all GPUs
     W = meas_end - warm
     for i in range(I):

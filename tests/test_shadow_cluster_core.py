@@ -212,8 +212,13 @@ def test_dedicated_adds_an_instance_per_model_and_energy(runs):
     d = runs["Dedicated"]
     assert d.instance_dedicated.sum() == 2 and d.instance_model.size == 10
     assert runs["No Shadow"].instance_model.size == 8
-    # dedicated instances get no normal traffic
-    assert not np.isin(d.normal_instance, np.flatnonzero(d.instance_dedicated)).any()
+    # dedicated instances serve nothing: no normal traffic, no routed call; switch calls pull their warm copies
+    ded = np.flatnonzero(d.instance_dedicated)
+    assert not np.isin(d.normal_instance, ded).any() and not np.isin(d.call_instance, ded).any()
+    sw = d.call_switch & d.call_measured
+    assert d.call_shadow_hit[sw].sum() > 0 and d.call_reload_tokens[sw].sum() > 0
+    assert d.call_hit[sw].sum() > runs["No Shadow"].call_hit[sw].sum()
+    assert d.instance_stats[ded, K.S_PF_SHADOW].sum() > 0
     assert d.summary()["energy_j"] > runs["No Shadow"].summary()["energy_j"]
 
 

@@ -449,6 +449,7 @@ def _check_invariants(ent, lists, used, caps, nfree, sm_hbm, sm_host, run, n_run
         e = sm_hbm[sm]
         if e >= 0 and (ent[E_LIST, e] < 0 or ent[E_LIST, e] == L_HOST or ent[E_SESS, e] != sm):
             bad += 1
+    for sm in range(sm_host.shape[0]):
         e = sm_host[sm]
         if e >= 0 and (ent[E_LIST, e] != L_HOST or ent[E_SESS, e] != sm):
             bad += 1
@@ -519,7 +520,7 @@ def _job_remove(jobs, n_jobs, job_pos, i, s, sm, M, mm):
 
 @nb.njit(cache=True)
 def simulate(pol, par, lms, model_tpot, tok_time,
-             inst_model, inst_caps, inst_pcie, inst_tp, inst_dedicated,
+             inst_model, inst_caps, inst_pcie, inst_tp, inst_dedicated, inst_xfer,
              nr_time, nr_inst, nr_prompt, nr_output, nr_ttft, nr_tpot,
              s_start, s_offsets, s_measured,
              c_sess, c_model, c_prompt, c_hist, c_output, c_gap, c_switch, c_ttft, c_tpot, c_pnext, c_top):
@@ -556,6 +557,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     poll = par[Q_POLL]
     cache_normal = par[Q_CACHE_NORMAL] != 0.0
     harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
+    ded_mode = shadow_mode == SH_DEDICATED
     eager = shadow_mode == SH_EAGER
 
     # ---------------- requests: normal [0, Nn), routed [Nn, Nn + C), eager after
@@ -620,14 +622,17 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     # used[i]: 0 active reservations, 1 HBM normal cache, 2 HBM shadow cache, 3 host cache
     used = np.zeros((I, 4), np.int64)
     lists = np.full((I, 3, 2), -1, np.int64)
-    E = Nn + 3 * S * M + RE + 64
+    E = Nn + 4 * S * M + RE + 64
     ent = np.full((E_ROWS, E), -1, np.int64)
     last = np.zeros(E, np.float64)
     free_stack = np.arange(E - 1, -1, -1).astype(np.int64)
     nfree = np.array([E], np.int64)
 
     # ---------------- sessions
-    sm_hbm = np.full(S * M, -1, np.int64)
+    # sm_hbm[s*M+m]: the session's copy on its sticky instance of m; sm_hbm[S*M + s*M+m]: Dedicated's warm copy
+    SM = S * M
+    sm_hbm = np.full(2 * SM, -1, np.int64)
+    off = SM if ded_mode else 0
     sm_host = np.full(S * M, -1, np.int64)
     sticky = np.full(S * M, -1, np.int64)
     sm_eager = np.full(S * M, -1, np.int64)  # eager request in flight
@@ -720,10 +725,12 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                                 bi = i
                     sticky[s * M + mm] = bi
                     n_sticky[bi] += 1
-                    _job_add(jobs, n_jobs, job_pos, bi, s, s * M + mm)
+                    _job_add(jobs, n_jobs, job_pos, ded_of[mm] if ded_mode else bi, s, s * M + mm)
             for mm in range(M):
                 _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[s * M + mm], h)
                 _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_host[s * M + mm], h)
+                if ded_mode:
+                    _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[SM + s * M + mm], h)
             s_cur[s] = c
             s_target[s] = c_prompt[c]
             # route: lowest estimated prefill completion counting only uncached tokens
@@ -735,7 +742,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                 if inst_model[i] != m:
                     continue
                 is_sticky = sticky[s * M + m] == i
-                if inst_dedicated[i] and not is_sticky:
+                if inst_dedicated[i]:
                     continue
                 hit = 0
                 extra = 0.0
@@ -748,6 +755,11 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         if eh >= 0 and min(ent[E_TOK, eh], h) > hit:
                             extra = (min(ent[E_TOK, eh], h) - hit) * inst_pcie[i]
                             hit = min(ent[E_TOK, eh], h)
+                if ded_mode:
+                    ed = sm_hbm[SM + s * M + m]
+                    if ed >= 0 and min(ent[E_TOK, ed], h) > hit:
+                        extra = (min(ent[E_TOK, ed], h) - hit) * inst_xfer[i]
+                        hit = min(ent[E_TOK, ed], h)
                 if oracle and c_switch[c]:
                     hit = h
                 est = (pend_tok[i] + P - hit) * tok_time[m] + extra
@@ -767,10 +779,11 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                 if e >= 0:
                     _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
                 n_sticky[old] -= 1
-                _job_remove(jobs, n_jobs, job_pos, old, s, s * M + m, M, m)
                 sticky[s * M + m] = i
                 n_sticky[i] += 1
-                _job_add(jobs, n_jobs, job_pos, i, s, s * M + m)
+                if not ded_mode:
+                    _job_remove(jobs, n_jobs, job_pos, old, s, s * M + m, M, m)
+                    _job_add(jobs, n_jobs, job_pos, i, s, s * M + m)
             r = Nn + c
             r_inst[r] = i
             r_arr[r] = now
@@ -791,23 +804,9 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                 if mm == m:
                     continue
                 sm = s * M + mm
-                if shadow_mode == SH_DEDICATED and not inst_dedicated[sticky[sm]] and ded_of[mm] >= 0:
-                    # the dedicated instance of mm takes over this session's copy on mm
-                    o = sticky[sm]
-                    e = sm_hbm[sm]
-                    if e >= 0:
-                        ent[E_SESS, e] = -1
-                        sm_hbm[sm] = -1
-                    e = sm_host[sm]
-                    if e >= 0:
-                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
-                    n_sticky[o] -= 1
-                    _job_remove(jobs, n_jobs, job_pos, o, s, sm, M, mm)
-                    dd = ded_of[mm]
-                    sticky[sm] = dd
-                    n_sticky[dd] += 1
-                    _job_add(jobs, n_jobs, job_pos, dd, s, sm)
                 j = sticky[sm]
+                if ded_mode:
+                    j = ded_of[mm]
                 if harvesting and inst_next[j] == INF:
                     inst_next[j] = max(now, busy_until[j])
                 if eager and sm_eager[sm] < 0:
@@ -898,6 +897,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             hit = 0
             resident = 0
             free_hit = False
+            via_net = False
             e = -1
             eh = -1
             reload = 0
@@ -928,6 +928,16 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                     hit = ent[E_TOK, eh]
                 else:
                     eh = -1
+                if ded_mode and kind == K_ROUTED:
+                    ed = sm_hbm[SM + sm]
+                    if ed >= 0 and min(ent[E_TOK, ed], r_hist[r]) > hit:
+                        ded_hit = min(ent[E_TOK, ed], r_hist[r])
+                        reload = ded_hit - hit
+                        hit = ded_hit
+                        via_net = True
+                        _unlink(ent, lists, ed)  # touch: the warm copy stays for later switches
+                        _push_front(ent, lists, ed, ent[E_LIST, ed])
+                        last[ed] = now
                 if kind == K_ROUTED:
                     if hit > r_hist[r]:
                         hit = r_hist[r]
@@ -999,9 +1009,12 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             pend_tok[i] += (P - hit) - r_pend[r]
             if kind == K_EAGER:
                 r_hist[r] = old_base  # tokens of the copy that real calls produced
+            if via_net and hit > resident:
+                gstats[G_SHADOW_USED] += hit - resident
+                c_int[r_ref[r], 1] = hit - resident
             if reload > 0:
                 start = max(now, pcie_free[i])
-                r_ready[r] = start + reload * inst_pcie[i]
+                r_ready[r] = start + reload * (inst_xfer[i] if via_net else inst_pcie[i])
                 pcie_free[i] = r_ready[r]
                 gstats[G_RELOAD_TOK] += reload
                 next_ready = min(next_ready, r_ready[r])
@@ -1043,19 +1056,13 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         stretch_branch = False
         waiting = blocked or q_head[i] >= 0
         poll_wake = False
-        if harvesting and not waiting and n_jobs[i] > 0 and budget > 0:
+        if harvesting and not waiting and n_jobs[i] > 0 and budget > 0 and (inst_dedicated[i] or not ded_mode):
             empty = nd + npf == 0
             if inst_dedicated[i]:
-                # a dedicated warming instance fills its whole token budget when it serves nothing, and the
-                # SLO slack of the (routed) requests it serves otherwise: it has no normal traffic to protect
-                if empty:
-                    bnd = INF
-                    branch = 1
-                    limit = INF
-                else:
-                    bnd, branch, limit = controller_bound(now, False, False, False, credit[i], cap_t, base_t,
-                                                          d_first, d_iters, d_tpot, nd, p_arr, p_ttft, p_rem, npf,
-                                                          margin)
+                # a dedicated warming instance serves nothing else: it fills its whole token budget
+                bnd = INF
+                branch = 1
+                limit = INF
             else:
                 bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
                                                       cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,
@@ -1085,10 +1092,10 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         continue
                     if top1 and c_top[cix] != m:
                         continue
-                    e = sm_hbm[sm]
+                    e = sm_hbm[off + sm]
                     cov = ent[E_TOK, e] if e >= 0 else 0
                     eh = sm_host[sm]
-                    if eh >= 0 and ent[E_TOK, eh] > cov:
+                    if not ded_mode and eh >= 0 and ent[E_TOK, eh] > cov:
                         continue  # its prefix waits in host DRAM: the switch call reloads it
                     pend = s_target[s] - cov
                     if pend < n_min:
@@ -1100,7 +1107,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         bcov = cov
                 if bs < 0:
                     break
-                sm = bs * M + m
+                sm = off + bs * M + m
                 own = sm_hbm[sm]
                 hi = min(budget, bpend)
                 room_cap = cap_tokens - used[i, 2]
@@ -1223,7 +1230,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                 if harvesting:
                     for mm in range(M):
                         if mm != m:
-                            j = sticky[ss * M + mm]
+                            j = ded_of[mm] if ded_mode else sticky[ss * M + mm]
                             if j >= 0 and inst_next[j] == INF:
                                 inst_next[j] = max(t_end, busy_until[j])
             if not fin:
@@ -1286,7 +1293,13 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                     for mm in range(M):
                         o = sticky[ss * M + mm]
                         n_sticky[o] -= 1
-                        _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
+                        if ded_mode:
+                            _job_remove(jobs, n_jobs, job_pos, ded_of[mm], ss, ss * M + mm, M, mm)
+                            ed = sm_hbm[SM + ss * M + mm]
+                            if ed >= 0:  # the session is over: its warm copy is dead weight
+                                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, ed)
+                        else:
+                            _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
                 if eager:
                     for mm in range(M):
                         if mm == m:

@@ -11,8 +11,8 @@ Harvest-SLO        shadow jobs under the SLO-slack controller (Algorithm 1, delt
 Harvest-SLO+Host   Harvest-SLO with the host tier (the complete design)
 Predictive         Harvest, gated: a session is shadowed to a model only while the predicted
                    probability that its next call goes there is >= 0.25
-Dedicated          one extra instance per model (no normal traffic) runs all shadow work; a
-                   session's copy on a model it has left moves to that instance (+GPUs)
+Dedicated          one extra instance per model (no normal traffic, no routed calls) runs all
+                   shadow work into warm copies; a switch call pulls its copy over the network (+GPUs)
 Eager              shadow work as normal-priority requests queued with normal traffic
 Oracle             a switch call's history is cached for free
 Oracle+Host        Oracle with the host tier

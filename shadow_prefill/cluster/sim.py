@@ -51,10 +51,11 @@ attends over the job's coverage.  Chunks under ``n_min`` tokens are deferred.
 Shadow KV is its own class, capped at ``shadow_kv_cap`` of the pool; it may
 use free memory or entries idle for more than ``cold_age_s`` (evicting them)
 and is evicted first.  A shadow copy whose prefix was spilled to host DRAM
-pauses (the switch call reloads it).  Dedicated moves a session's copy on a
-model it has just left to that model's extra instance, which serves no
-normal traffic and runs shadow chunks up to the full token budget when it has
-no routed work.  Eager queues shadow work as ordinary (FIFO, normal-priority)
+pauses (the switch call reloads it).  Dedicated runs every shadow job on its
+model's extra instance (no normal traffic, no routed calls, full token
+budget) into a warm copy there; a switch call pulls the part its serving
+instance lacks over the network (``kv_transfer_gb_per_s`` per GPU) before its
+first chunk.  Eager queues shadow work as ordinary (FIFO, normal-priority)
 prefill-only requests, one in flight per session and model.  Oracle makes a
 switch call's whole history cached for free.
 
@@ -105,6 +106,7 @@ class ClusterConfig:
     kv_capacity_tokens: tuple | None = None     # override per model (tests, what-ifs)
     host_gb_per_gpu: float = 64.0
     pcie_bytes_per_s: float | None = None       # override the GPU preset's PCIe bandwidth
+    kv_transfer_gb_per_s: float = 50.0          # Dedicated: warm KV pulled to the serving instance, per GPU
     slo_scale: float = 1.0
     beta: float = 0.5
     margin: float = 0.1
@@ -135,6 +137,8 @@ class ClusterConfig:
         if self.kv_capacity_tokens is not None and (len(self.kv_capacity_tokens) != len(self.models)
                                                     or any(int(x) < 1 for x in self.kv_capacity_tokens)):
             raise ShadowError("kv_capacity_tokens must give one positive token count per model")
+        if not (self.kv_transfer_gb_per_s > 0 and math.isfinite(self.kv_transfer_gb_per_s)):
+            raise ShadowError(f"kv_transfer_gb_per_s must be > 0, got {self.kv_transfer_gb_per_s!r}")
         for k in ("host_gb_per_gpu", "cold_age_s"):
             v = getattr(self, k)
             if not (math.isfinite(v) and v >= 0):
@@ -219,7 +223,7 @@ def build_latency_models(config: ClusterConfig) -> list[LatencyModel]:
 
 def _instance_arrays(config: ClusterConfig, lms: Sequence[LatencyModel], dedicated: bool):
     M = len(lms)
-    caps, host_caps, pcie, tps, mdl, ded = [], [], [], [], [], []
+    caps, host_caps, pcie, tps, mdl, ded, xfer = [], [], [], [], [], [], []
     for j, lm in enumerate(lms):
         if config.kv_capacity_tokens is not None:
             cap = int(config.kv_capacity_tokens[j])
@@ -233,6 +237,7 @@ def _instance_arrays(config: ClusterConfig, lms: Sequence[LatencyModel], dedicat
             kvb = 0
         pcie_bw = config.pcie_bytes_per_s or (lm.gpu.pcie_bytes_per_s if lm.gpu is not None else 64e9)
         s_per_tok = kvb / (lm.tp * pcie_bw) if kvb > 0 else 0.0
+        x_per_tok = kvb / (lm.tp * config.kv_transfer_gb_per_s * 1e9) if kvb > 0 else 0.0
         host = int(config.host_gb_per_gpu * 1e9 * lm.tp / kvb) if kvb > 0 else 0
         for k in range(config.instances + (1 if dedicated else 0)):
             caps.append(cap)
@@ -241,8 +246,10 @@ def _instance_arrays(config: ClusterConfig, lms: Sequence[LatencyModel], dedicat
             tps.append(lm.tp)
             mdl.append(j)
             ded.append(k == config.instances)
+            xfer.append(x_per_tok)
     return (np.asarray(mdl, np.int64), np.asarray([caps, host_caps], np.int64).T.copy(),
-            np.asarray(pcie, np.float64), np.asarray(tps, np.float64), np.asarray(ded, np.bool_))
+            np.asarray(pcie, np.float64), np.asarray(tps, np.float64), np.asarray(ded, np.bool_),
+            np.asarray(xfer, np.float64))
 
 
 def _params(config: ClusterConfig, policy: Policy, warm: float, meas_end: float, t_max: float) -> np.ndarray:
@@ -460,7 +467,7 @@ def _normal_only(lm: LatencyModel, config: ClusterConfig, kv_cap: int, rate: flo
     ef = np.zeros(0, np.float64)
     out = _k.simulate(pol, par, lms, np.array([_model_tpot(lm, config)]), np.array([_tok_time(lm, config)]),
                       np.zeros(1, np.int64), np.array([[kv_cap, 0]], np.int64), np.zeros(1), np.ones(1),
-                      np.zeros(1, np.bool_), t, inst, p, o, ttft, tpot,
+                      np.zeros(1, np.bool_), np.zeros(1), t, inst, p, o, ttft, tpot,
                       ef, np.zeros(1, np.int64), np.zeros(0, np.bool_), e, e, e, e, e, ef, np.zeros(0, np.bool_),
                       ef, ef, np.zeros((0, 1)), e)
     n_out = out[2]
@@ -537,7 +544,7 @@ def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig
     lms = build_latency_models(config)
     M = len(lms)
     sizes = sizes if sizes is not None else synthetic_request_sizes()
-    inst_model, inst_caps, inst_pcie, inst_tp, inst_ded = _instance_arrays(config, lms, policy.dedicated)
+    inst_model, inst_caps, inst_pcie, inst_tp, inst_ded, inst_xfer = _instance_arrays(config, lms, policy.dedicated)
     kv_by_model = np.array([inst_caps[np.flatnonzero(inst_model == j)[0], 0] for j in range(M)], np.int64)
     # capacity and rates
     if capacity is None:
@@ -606,7 +613,7 @@ def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig
     par = _params(config, policy, warm, meas_end, t_max)
     t0 = time.perf_counter()
     c_out, c_int, n_out, istats, gstats = _k.simulate(
-        pol, par, lm_mat, model_tpot, tok_time, inst_model, inst_caps, inst_pcie, inst_tp, inst_ded,
+        pol, par, lm_mat, model_tpot, tok_time, inst_model, inst_caps, inst_pcie, inst_tp, inst_ded, inst_xfer,
         nt, ni, npr, no, n_ttft, n_tpot, sched.start_s, offsets, sched.measured, csess, c_model, c_prompt,
         c_hist, c_output, c_gap, c_switch, c_ttft, c_tpot, c_pnext, c_top)
     wall = time.perf_counter() - t0

@@ -96,7 +96,7 @@ def calibrated_capacities(config: ClusterConfig, sizes: RequestSizes) -> tuple[f
     """Per-instance capacity (req/s) of every model of the cluster (see :func:`calibrate_capacity`)."""
     from shadow_prefill.cluster.sim import _instance_arrays
     lms = build_latency_models(config)
-    _, caps, _, _, _ = _instance_arrays(config, lms, False)
+    caps = _instance_arrays(config, lms, False)[1]
     out = []
     for j, lm in enumerate(lms):
         kv = int(caps[j * config.instances, 0])

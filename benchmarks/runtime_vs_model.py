@@ -15,7 +15,7 @@ Writes ``benchmarks/runtime_vs_model.csv``, ``benchmarks/runtime_vs_model.png``
 and (unless ``--no-results``) the ``## autotune`` section of
 ``benchmarks/RESULTS.md``.
 
-    .venv/bin/python benchmarks/runtime_vs_model.py --duration-s 840 --warmup-s 20 --time-scale 10
+    .venv/bin/python benchmarks/runtime_vs_model.py --duration-s 1500 --warmup-s 20 --time-scale 20
 """
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ def replace_section(path, heading, body):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--N", type=int, nargs="+", default=[4, 8, 16], help="concurrency levels")
-    p.add_argument("--duration-s", type=float, default=840.0, help="measured window, wall-clock seconds")
+    p.add_argument("--duration-s", type=float, default=1500.0, help="measured window, wall-clock seconds")
     p.add_argument("--warmup-s", type=float, default=20.0, help="warm-up before the window, wall-clock seconds")
-    p.add_argument("--time-scale", type=float, default=10.0, help="every emulated step lasts L_i * this")
+    p.add_argument("--time-scale", type=float, default=20.0, help="every emulated step lasts L_i * this")
     p.add_argument("--output-tokens", type=int, default=512, help="output tokens per request")
     p.add_argument("--slices", type=int, default=20, help="batch-means slices of the window")
     p.add_argument("--seed", type=int, default=1)

@@ -123,7 +123,7 @@ def me_preset(limit_s=60.0):
         rows.append([N, doc["states"], doc["transitions"], f"{doc['seconds']:.2f}", f"{peak:.0f}",
                      f"{doc['thr']:.2f}", f"{doc['residual']:.1e} ({doc['solver']})"])
         print(f"  ME N={N}: {doc['seconds']:.1f}s", file=sys.stderr)
-        if doc["seconds"] > limit_s / 3 or N >= 12:
+        if doc["seconds"] > limit_s / 2 or N >= 12:
             break
         N += 1
     print("ME preset, weights (0.5, 0.3, 0.2), L = (6.0, 15.0, 27.9) ms, delta = 0.1 ms, B = (1,1,1)")

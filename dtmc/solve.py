@@ -35,6 +35,14 @@ Solvers (all report the residual :math:`\max_j |(\pi T)_j - \pi_j|`):
     that does not reduce the residual is replaced by a plain sweep.
 ``auto``
     ``anderson``, then ``direct`` if it did not converge.
+
+Rounding sets a floor under the attainable residual that grows with the chain
+(about 1e-13 relative at a million states).  An iteration that stalls there
+stops; its result is accepted when the relative residual is below
+``FLOOR_TOL`` (1e-11), with the solver named "... (stopped at the rounding
+floor)" and the residual reported as always.  The direct fallback is refused
+above ``DIRECT_FALLBACK_LIMIT`` states, where LU fill-in would need minutes
+and many GiB.
 """
 
 from __future__ import annotations
@@ -52,6 +60,11 @@ from dtmc.chain import DTMCError
 
 SOLVERS = ("auto", "anderson", "gauss-seidel", "direct", "power")
 DEFAULT_TOL = 1e-13  # on max|pi T - pi| / max(pi)
+# An iterate that stalls (rounding floor) is accepted when its relative residual is below this;
+# its residual is reported as usual, and the solver name says so.
+FLOOR_TOL = 1e-11
+# Above this many states the direct LU fallback would take minutes and many GiB: refuse instead.
+DIRECT_FALLBACK_LIMIT = 300_000
 
 
 @dataclass(frozen=True)
@@ -157,9 +170,12 @@ def _solve_irreducible(T: sp.csr_matrix, solver: str, tol: float, max_sweeps: in
         x, it, res = _anderson(TT, tol, max_sweeps, x0)
         if res <= tol * x.max():
             return x, "anderson", it
-        if solver == "anderson":
+        if res <= max(tol, FLOOR_TOL) * x.max():
+            return x, "anderson (stopped at the rounding floor)", it
+        if solver == "anderson" or n > DIRECT_FALLBACK_LIMIT:
             raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
-                            f"sweeps (residual {res:.3g}); use solver 'direct' or 'auto'")
+                            f"sweeps (relative residual {res / x.max():.3g}); loosen --tol"
+                            + ("" if n > DIRECT_FALLBACK_LIMIT else " or use solver 'direct'"))
         return _direct(T), "direct (after anderson)", it
     x = _start_vector(n, x0)
     sweeps, res = K.gauss_seidel(TT.indptr.astype(np.int64), TT.indices.astype(np.int64), TT.data,

@@ -180,3 +180,12 @@ def test_transition_limit_stops_enumeration():
     with pytest.raises(dtmc.StateLimitExceeded) as info:
         dtmc.build_chain(R2R.P, R2R.C, d, 16, (1, 1), max_transitions=500)
     assert info.value.transitions and "max_transitions = 500" in str(info.value)
+
+
+def test_rounding_floor_is_reported_not_hidden():
+    """A tolerance below what rounding allows stops at the floor, says so, and keeps the value."""
+    ref = tr_model.evaluate(R2R, 12, (1, 1))
+    ev = tr_model.evaluate(R2R, 12, (1, 1), tol=1e-30)
+    assert "rounding floor" in ev.solver
+    assert ev.residual > 0
+    assert ev.throughput_tok_s == pytest.approx(ref.throughput_tok_s, rel=1e-11)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any, Callable, Iterator, TextIO
 
 import numpy as np
@@ -47,26 +46,12 @@ TRACE_FIELDS = ("session", "step", "model", "prompt_tokens", "new_input_tokens",
 def atomic_write(path: str | os.PathLike, write: Callable[[TextIO], None]) -> None:
     """Call ``write(f)`` on a temp file next to ``path``, then rename it over ``path``.
 
-    On any error the temp file is removed and ``path`` is left as it was.
+    On any error the temp file is removed and ``path`` is left as it was
+    (the project's shared :func:`tr_model.fileio.atomic_write`, raising ShadowError).
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ShadowError(f"cannot write {path!r}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from tr_model.fileio import atomic_write as _atomic_write
+
+    _atomic_write(path, write, error=ShadowError)
 
 
 def _int(rec: dict, key: str, minimum: int, fail) -> int:

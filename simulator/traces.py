@@ -34,7 +34,6 @@ import gzip
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -182,26 +181,19 @@ def read_trace(path: str | os.PathLike) -> RoutingTrace:
 
 def write_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
     """Write a trace as JSONL, atomically (temp file then rename)."""
-    p = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(p))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(p) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in range(trace.n_requests):
-                rid = trace.request_ids[r] if trace.request_ids else r
-                a, b = int(trace.offsets[r]), int(trace.offsets[r + 1])
-                for k in range(a, b):
-                    tok = float(trace.committed_tokens[k])
-                    f.write(json.dumps({"request_id": rid, "step": k - a, "model": int(trace.model[k]),
-                                        "next_model": int(trace.next_model[k]),
-                                        "committed_tokens": int(tok) if tok.is_integer() else tok}) + "\n")
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from tr_model.fileio import atomic_write
+
+    def dump(f):
+        for r in range(trace.n_requests):
+            rid = trace.request_ids[r] if trace.request_ids else r
+            a, b = int(trace.offsets[r]), int(trace.offsets[r + 1])
+            for k in range(a, b):
+                tok = float(trace.committed_tokens[k])
+                f.write(json.dumps({"request_id": rid, "step": k - a, "model": int(trace.model[k]),
+                                    "next_model": int(trace.next_model[k]),
+                                    "committed_tokens": int(tok) if tok.is_integer() else tok}) + "\n")
+
+    atomic_write(path, dump)
 
 
 def run_lengths(trace: RoutingTrace, model: int) -> np.ndarray:

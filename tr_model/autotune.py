@@ -43,7 +43,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Mapping
 
@@ -110,27 +109,13 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
 
 def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
     """Write atomically (temp file in the same folder, fsync, rename); the old file survives any failure."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise SpecError(f"cannot write {path!r}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise SpecError(f"cannot write {path!r}: {e.strerror or e}") from None
-        raise
+    from tr_model.fileio import atomic_write
+
+    def dump(f):
+        json.dump(doc, f, indent=1, allow_nan=False)
+        f.write("\n")
+
+    atomic_write(path, dump)
 
 
 def _entry(opt: Any) -> dict:

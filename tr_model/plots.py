@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -83,26 +82,14 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> None:
 
     path = os.fspath(path)
     fmt = _format_of(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise SpecError(f"cannot write plot {path!r}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # rc_context restores every setting on exit: nothing leaks into the caller's matplotlib state
-            with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tr-model", "pdf.fonttype": 42}):
-                fig.savefig(f, format=fmt, dpi=dpi, metadata=_metadata(fmt))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a plot is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from tr_model.fileio import atomic_write
+
+    def draw(f):
+        # rc_context restores every setting on exit: nothing leaks into the caller's matplotlib state
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tr-model", "pdf.fonttype": 42}):
+            fig.savefig(f, format=fmt, dpi=dpi, metadata=_metadata(fmt))
+
+    atomic_write(path, draw, binary=True, what="plot")
 
 
 def _metadata(fmt: str) -> dict:

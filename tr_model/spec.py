@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -459,26 +458,14 @@ def load_spec(path: str | os.PathLike) -> SystemSpec:
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
-    """Write ``doc`` as JSON to a temp file in the same folder, then rename it over ``path``."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise SpecError(f"cannot write {path!r}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``doc`` as indented JSON, atomically (see :mod:`tr_model.fileio`)."""
+    from tr_model.fileio import atomic_write
+
+    def dump(f):
+        json.dump(doc, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+    atomic_write(path, dump)
 
 
 def save_spec(spec: SystemSpec, path: str | os.PathLike) -> None:

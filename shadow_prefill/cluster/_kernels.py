@@ -461,6 +461,17 @@ def _check_invariants(ent, lists, used, caps, nfree, sm_hbm, sm_host, run, n_run
 # ============================================================================ small heap (call issues)
 
 @nb.njit(cache=True)
+def _enqueue(r_next, q_head, q_tail, q_len, i, r):
+    """Append request ``r`` to instance ``i``'s FIFO (a linked list through ``r_next``)."""
+    if q_tail[i] >= 0:
+        r_next[q_tail[i]] = r
+    else:
+        q_head[i] = r
+    q_tail[i] = r
+    q_len[i] += 1
+
+
+@nb.njit(cache=True)
 def _heap_push(ht, hv, n, t, v):
     k = n
     ht[k] = t
@@ -698,12 +709,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             r_arr[r] = now
             r_pend[r] = r_prompt[r]
             pend_tok[i] += r_prompt[r]
-            if q_tail[i] >= 0:
-                r_next[q_tail[i]] = r
-            else:
-                q_head[i] = r
-            q_tail[i] = r
-            q_len[i] += 1
+            _enqueue(r_next, q_head, q_tail, q_len, i, r)
             if inst_next[i] == INF:
                 inst_next[i] = max(now, busy_until[i])
             continue
@@ -789,12 +795,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             r_arr[r] = now
             r_pend[r] = P - best_hit
             pend_tok[i] += P - best_hit
-            if q_tail[i] >= 0:
-                r_next[q_tail[i]] = r
-            else:
-                q_head[i] = r
-            q_tail[i] = r
-            q_len[i] += 1
+            _enqueue(r_next, q_head, q_tail, q_len, i, r)
             if inst_next[i] == INF:
                 inst_next[i] = max(now, busy_until[i])
             c_out[c, 0] = now
@@ -818,12 +819,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         r_inst[re] = j
                         r_arr[re] = now
                         sm_eager[sm] = re
-                        if q_tail[j] >= 0:
-                            r_next[q_tail[j]] = re
-                        else:
-                            q_head[j] = re
-                        q_tail[j] = re
-                        q_len[j] += 1
+                        _enqueue(r_next, q_head, q_tail, q_len, j, re)
                         if inst_next[j] == INF:
                             inst_next[j] = max(now, busy_until[j])
                     else:
@@ -1314,12 +1310,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                             r_inst[re] = j
                             r_arr[re] = t_end
                             sm_eager[sm2] = re
-                            if q_tail[j] >= 0:
-                                r_next[q_tail[j]] = re
-                            else:
-                                q_head[j] = re
-                            q_tail[j] = re
-                            q_len[j] += 1
+                            _enqueue(r_next, q_head, q_tail, q_len, j, re)
                             if inst_next[j] == INF:
                                 inst_next[j] = max(t_end, busy_until[j])
             elif kind == K_EAGER:
@@ -1334,12 +1325,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                     r_inst[re] = i
                     r_arr[re] = t_end
                     sm_eager[sm] = re
-                    if q_tail[i] >= 0:
-                        r_next[q_tail[i]] = re
-                    else:
-                        q_head[i] = re
-                    q_tail[i] = re
-                    q_len[i] += 1
+                    _enqueue(r_next, q_head, q_tail, q_len, i, re)
         n_run[i] = keep
         busy_until[i] = t_end
         inst_next[i] = t_end

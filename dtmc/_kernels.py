@@ -369,47 +369,37 @@ def decode_states(keys, M, bn, br):
 
 
 @njit(cache=True)
-def gauss_seidel(indptr, indices, data, x, tol, max_sweeps, check_every, omega):
-    """Gauss-Seidel (SOR with ``omega``) sweeps for ``x = x T`` on the transposed matrix.
-
-    ``indptr/indices/data`` are the CSR arrays of ``T^T`` (row j lists the
-    predecessors i of state j with ``T[i, j]``).  Each sweep sets
-    ``x_j <- (1-omega) x_j + omega * sum_{i != j} x_i T_ij / (1 - T_jj)`` in
-    place, then the vector is renormalised.  Every ``check_every`` sweeps the
-    residual ``max_j |(x T)_j - x_j|`` of the normalised vector is computed;
-    the loop stops once it is <= ``tol``.  Returns ``(sweeps, residual)``.
-    """
+def diagonal(indptr, indices, data):
+    """The diagonal of a CSR matrix (self-loop probabilities ``T_jj`` of ``T^T``)."""
     n = indptr.shape[0] - 1
     diag = np.zeros(n, dtype=np.float64)
     for j in range(n):
         for q in range(indptr[j], indptr[j + 1]):
             if indices[q] == j:
                 diag[j] += data[q]
+    return diag
+
+
+@njit(cache=True)
+def gauss_seidel(indptr, indices, data, x, tol, max_sweeps, check_every):
+    """Plain Gauss-Seidel sweeps (:func:`gs_sweep`) for ``x = x T`` on the transposed matrix.
+
+    ``indptr/indices/data`` are the CSR arrays of ``T^T`` (row j lists the
+    predecessors i of state j with ``T[i, j]``).  Every ``check_every`` sweeps
+    the residual ``max_j |(x T)_j - x_j|`` of the normalised vector is
+    computed; the loop stops once it is <= ``tol * max(x)`` (a relative test:
+    the scale of the stationary vector shrinks with the number of states).
+    Returns ``(sweeps, residual)``.
+    """
+    diag = diagonal(indptr, indices, data)
     res = np.inf
     sweeps = 0
     while sweeps < max_sweeps:
-        for j in range(n):
-            s = 0.0
-            for q in range(indptr[j], indptr[j + 1]):
-                i = indices[q]
-                if i != j:
-                    s += x[i] * data[q]
-            denom = 1.0 - diag[j]
-            if denom > 0.0:
-                x[j] = (1.0 - omega) * x[j] + omega * s / denom
+        gs_sweep(indptr, indices, data, diag, x)
         sweeps += 1
-        tot = 0.0
-        for j in range(n):
-            tot += x[j]
-        for j in range(n):
-            x[j] /= tot
         if sweeps % check_every == 0 or sweeps == max_sweeps:
             res = residual_max(indptr, indices, data, x)
-            xmax = 0.0
-            for j in range(n):
-                if x[j] > xmax:
-                    xmax = x[j]
-            if res <= tol * xmax:
+            if res <= tol * x.max():
                 break
     return sweeps, res
 
@@ -467,11 +457,7 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
     ``(sweeps, residual)``.
     """
     n = indptr.shape[0] - 1
-    diag = np.zeros(n, dtype=np.float64)
-    for j in range(n):
-        for q in range(indptr[j], indptr[j + 1]):
-            if indices[q] == j:
-                diag[j] += data[q]
+    diag = diagonal(indptr, indices, data)
     dX = np.zeros((m, n), dtype=np.float64)
     dF = np.zeros((m, n), dtype=np.float64)
     G = np.zeros((m, m), dtype=np.float64)

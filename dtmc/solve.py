@@ -179,7 +179,7 @@ def _solve_irreducible(T: sp.csr_matrix, solver: str, tol: float, max_sweeps: in
         return _direct(T), "direct (after anderson)", it
     x = _start_vector(n, x0)
     sweeps, res = K.gauss_seidel(TT.indptr.astype(np.int64), TT.indices.astype(np.int64), TT.data,
-                                 x, float(tol), int(max_sweeps), 10, 1.0)
+                                 x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
         return x, "gauss-seidel", int(sweeps)
     raise DTMCError(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "

@@ -189,3 +189,21 @@ def test_rounding_floor_is_reported_not_hidden():
     assert "rounding floor" in ev.solver
     assert ev.residual > 0
     assert ev.throughput_tok_s == pytest.approx(ref.throughput_tok_s, rel=1e-11)
+
+
+@pytest.mark.parametrize("N,B", [(3, (1, 1)), (4, (2, 1)), (5, (1, 3))])
+def test_recurrent_class_matches_networkx(N, B):
+    """The closed class found by dtmc equals networkx's attracting component of the same graph."""
+    nx = pytest.importorskip("networkx")
+    d, _ = R2R.quanta_table(N)
+    ch = dtmc.build_chain(R2R.P, R2R.C, d, N, B)
+    coo = ch.T.tocoo()
+    G = nx.DiGraph()
+    G.add_nodes_from(range(ch.n_states))
+    G.add_edges_from((int(i), int(j)) for i, j, v in zip(coo.row, coo.col, coo.data) if v > 0)
+    attracting = list(nx.attracting_components(G))
+    labels, closed = dtmc.closed_classes(ch.T)
+    ours = [set(np.flatnonzero(labels == c).tolist()) for c in np.flatnonzero(closed)]
+    assert sorted(map(sorted, ours)) == sorted(map(sorted, attracting))
+    st = dtmc.stationary_distribution(ch.T)
+    assert set(np.flatnonzero(st.pi > 0).tolist()) == attracting[0]

@@ -472,6 +472,20 @@ def _enqueue(r_next, q_head, q_tail, q_len, i, r):
 
 
 @nb.njit(cache=True)
+def _queue_eager(re, sm, j, t, r_kind, r_ref, r_inst, r_arr, sm_eager, r_next, q_head, q_tail, q_len, inst_next,
+                 busy_until):
+    """Create eager shadow request ``re`` for session-model ``sm`` on instance ``j`` at time ``t`` and queue it."""
+    r_kind[re] = K_EAGER
+    r_ref[re] = sm
+    r_inst[re] = j
+    r_arr[re] = t
+    sm_eager[sm] = re
+    _enqueue(r_next, q_head, q_tail, q_len, j, re)
+    if inst_next[j] == INF:
+        inst_next[j] = max(t, busy_until[j])
+
+
+@nb.njit(cache=True)
 def _heap_push(ht, hv, n, t, v):
     k = n
     ht[k] = t
@@ -812,16 +826,9 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                     inst_next[j] = max(now, busy_until[j])
                 if eager and sm_eager[sm] < 0:
                     if n_eager < RE:
-                        re = Nn + C + n_eager
+                        _queue_eager(Nn + C + n_eager, sm, j, now, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                                     r_next, q_head, q_tail, q_len, inst_next, busy_until)
                         n_eager += 1
-                        r_kind[re] = K_EAGER
-                        r_ref[re] = sm
-                        r_inst[re] = j
-                        r_arr[re] = now
-                        sm_eager[sm] = re
-                        _enqueue(r_next, q_head, q_tail, q_len, j, re)
-                        if inst_next[j] == INF:
-                            inst_next[j] = max(now, busy_until[j])
                     else:
                         gstats[G_EAGER_OVERFLOW] += 1
             continue
@@ -1303,29 +1310,17 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                         sm2 = ss * M + mm
                         if sm_eager[sm2] < 0 and n_eager < RE and s_active[ss]:
                             j = sticky[sm2]
-                            re = Nn + C + n_eager
+                            _queue_eager(Nn + C + n_eager, sm2, j, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                                         r_next, q_head, q_tail, q_len, inst_next, busy_until)
                             n_eager += 1
-                            r_kind[re] = K_EAGER
-                            r_ref[re] = sm2
-                            r_inst[re] = j
-                            r_arr[re] = t_end
-                            sm_eager[sm2] = re
-                            _enqueue(r_next, q_head, q_tail, q_len, j, re)
-                            if inst_next[j] == INF:
-                                inst_next[j] = max(t_end, busy_until[j])
             elif kind == K_EAGER:
                 sm = r_ref[r]
                 ss = sm // M
                 sm_eager[sm] = -1
                 if s_active[ss] and s_target[ss] > r_prompt[r] and n_eager < RE:
-                    re = Nn + C + n_eager
+                    _queue_eager(Nn + C + n_eager, sm, i, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                                 r_next, q_head, q_tail, q_len, inst_next, busy_until)
                     n_eager += 1
-                    r_kind[re] = K_EAGER
-                    r_ref[re] = sm
-                    r_inst[re] = i
-                    r_arr[re] = t_end
-                    sm_eager[sm] = re
-                    _enqueue(r_next, q_head, q_tail, q_len, i, re)
         n_run[i] = keep
         busy_until[i] = t_end
         inst_next[i] = t_end

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tr_model.errors import TRError
+from tr_model.fileio import read_json
 
 LATENCY_SCHEMA_VERSION = 1
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -159,15 +160,7 @@ class LatencyProfile:
 def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
     """Read a profile JSON written by ``tr-profile latency``."""
     path = os.fspath(path)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise ProfileError(f"latency profile {path!r} does not exist") from None
-    except OSError as e:
-        raise ProfileError(f"cannot read latency profile {path!r}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProfileError(f"latency profile {path!r} is not valid JSON: {e}") from None
+    d = read_json(path, "latency profile", error=ProfileError)
     if not isinstance(d, dict) or d.get("kind") != "latency_profile":
         raise ProfileError(f"{path}: not a latency profile (expected \"kind\": \"latency_profile\")")
     if d.get("schema_version") != LATENCY_SCHEMA_VERSION:
@@ -218,15 +211,7 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int | None:
 def _read_config_dict(path: str) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise ProfileError(f"config file {path!r} does not exist") from None
-    except OSError as e:
-        raise ProfileError(f"cannot read config file {path!r}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProfileError(f"config file {path!r} is not valid JSON: {e}") from None
+    d = read_json(path, "config file", error=ProfileError)
     if not isinstance(d, dict) or "model_type" not in d:
         raise ProfileError(f"config file {path!r} needs a \"model_type\" field (e.g. \"llama\", \"qwen2\")")
     return d
@@ -337,8 +322,7 @@ class _Stepper:
         self.kw = {cache_kw: self.cache, **extra}
         with torch.inference_mode():
             if context > 0:
-                out = model(input_ids=ids_ctx[:, :context], **self.kw)
-                del out
+                model(input_ids=ids_ctx[:, :context], **self.kw)
         self.graph = None
         self.out = None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 from tr_model.errors import SpecError
 
@@ -53,3 +53,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary
         if isinstance(e, OSError):
             raise error(f"cannot write {label}: {e.strerror or e}") from None
         raise
+
+
+def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> Any:
+    """Load a JSON file; a missing, unreadable or malformed file raises ``error`` with one line naming it.
+
+    ``what`` names the file's role in the messages, e.g. ``"spec file"`` gives
+    ``spec file 'x.json' does not exist``.
+    """
+    import json
+
+    path = os.fspath(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise error(f"{what} {path!r} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {path!r} is not valid JSON: {e}") from None

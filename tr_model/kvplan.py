@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tr_model.errors import SpecError
+from tr_model.fileio import read_json
 
 PLACEMENT_SCHEMA_VERSION = 1
 GIB = 1024 ** 3
@@ -151,15 +152,7 @@ def read_model_footprint(config_path: str | os.PathLike | None = None, *, config
     if config is None:
         if path is None:
             raise SpecError("read_model_footprint needs a config path or a config dict")
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                config = json.load(f)
-        except FileNotFoundError:
-            raise SpecError(f"{where} does not exist") from None
-        except OSError as e:
-            raise SpecError(f"cannot read {where}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SpecError(f"{where} is not valid JSON: {e}") from None
+        config = read_json(path, "config.json")
     if not isinstance(config, Mapping):
         raise SpecError(f"{where}: must be a JSON object")
     cfg = config.get("text_config", config) if isinstance(config.get("text_config"), Mapping) else config
@@ -273,15 +266,7 @@ def load_placement(path: str | os.PathLike, *, gpu_memory_gib: float | None = No
                    memory_budget_fraction: float | None = None) -> Placement:
     """Read a placement JSON file; config paths inside it are relative to the file."""
     p = os.fspath(path)
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise SpecError(f"placement file {p!r} does not exist") from None
-    except OSError as e:
-        raise SpecError(f"cannot read placement file {p!r}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"placement file {p!r} is not valid JSON: {e}") from None
+    doc = read_json(p, "placement file")
     if not isinstance(doc, dict):
         raise SpecError(f"placement file {p!r}: must be a JSON object")
     ver = doc.get("schema_version", PLACEMENT_SCHEMA_VERSION)

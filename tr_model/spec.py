@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tr_model.errors import SpecError
+from tr_model.fileio import atomic_write, read_json
 
 SPEC_SCHEMA_VERSION = 1
 PROB_TOL = 1e-9
@@ -445,22 +446,11 @@ def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
 
 def load_spec(path: str | os.PathLike) -> SystemSpec:
     """Read a spec JSON file; unreadable or malformed files raise :class:`SpecError`."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise SpecError(f"spec file {os.fspath(path)!r} does not exist") from None
-    except OSError as e:
-        raise SpecError(f"cannot read spec file {os.fspath(path)!r}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"spec file {os.fspath(path)!r} is not valid JSON: {e}") from None
-    return spec_from_dict(doc, where=os.fspath(path))
+    return spec_from_dict(read_json(path, "spec file"), where=os.fspath(path))
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
     """Write ``doc`` as indented JSON, atomically (see :mod:`tr_model.fileio`)."""
-    from tr_model.fileio import atomic_write
-
     def dump(f):
         json.dump(doc, f, indent=2, sort_keys=False)
         f.write("\n")

@@ -28,7 +28,6 @@ budget.  Ties are judged among the finalists only.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field

@@ -1,7 +1,6 @@
 """The exact chain: reference values, closed forms, solver cross-checks, structure checks."""
 
 import json
-import math
 import os
 
 import numpy as np

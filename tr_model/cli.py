@@ -13,7 +13,7 @@ import json
 import math
 import sys
 
-from tr_model._cli_util import Parser, Progress, fail, format_table, parse_int_list, run_cli, to_csv
+from tr_model._cli_util import Parser, Progress, format_table, parse_int_list, run_cli, to_csv
 from tr_model.errors import SpecError
 from tr_model.spec import PRESETS, load_spec, preset, spec_to_dict, write_json_atomic
 

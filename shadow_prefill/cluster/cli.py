@@ -20,8 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shadow_prefill.cluster.metrics import (RELATIVE_METRICS, compare_runs, reduction_by_context,
-                                            summarize_comparison)
+from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
 from shadow_prefill.cluster.policies import APPROACH_NAMES, get_policy
 from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, simulate_cluster
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
@@ -404,7 +403,7 @@ def cmd_compare(args) -> int:
                 try:
                     edges = [0.0] + [float(x) for x in args.context_bins.split(",") if x.strip()] + [math.inf]
                 except ValueError:
-                    raise ShadowError(f"--context-bins must be comma-separated token counts") from None
+                    raise ShadowError("--context-bins must be comma-separated token counts") from None
                 if any(b <= a for a, b in zip(edges, edges[1:])):
                     raise ShadowError("--context-bins must increase")
                 doc["by_context"] = [_clean(r) for r in reduction_by_context(runs, edges).to_dict("records")]

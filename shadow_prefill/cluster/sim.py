@@ -72,8 +72,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -222,7 +222,6 @@ def build_latency_models(config: ClusterConfig) -> list[LatencyModel]:
 
 
 def _instance_arrays(config: ClusterConfig, lms: Sequence[LatencyModel], dedicated: bool):
-    M = len(lms)
     caps, host_caps, pcie, tps, mdl, ded, xfer = [], [], [], [], [], [], []
     for j, lm in enumerate(lms):
         if config.kv_capacity_tokens is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from shadow_prefill.builder import SyntheticParams, generate_synthetic_sessions

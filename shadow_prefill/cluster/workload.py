@@ -34,9 +34,12 @@ import csv
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # only for an annotation: the sessions module is imported lazily
+    from shadow_prefill.builder import SyntheticParams
 
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.sessions import SessionSet

@@ -107,47 +107,12 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
     (a ``ProcessPoolExecutor``, a Dask ``Client``...).  Otherwise ``workers``
     > 1 starts a local process pool.
     """
+    from tr_model.parallel import map_tasks
+
     payload = [(spec, int(N), tuple(B), kw) for N, B in tasks]
-    total = len(payload)
-    if executor is None and workers > 1 and total < 2:
-        workers = 1
-    out: list[Evaluation | None] = [None] * total
-    if executor is None and workers <= 1:
-        for i, p in enumerate(payload):
-            out[i] = _eval_task(p)
-            if progress:
-                progress(i + 1, total)
-        return out  # type: ignore[return-value]
-    own = None
-    if executor is None:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        own = executor = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-    try:
-        # big chains first (large N, small thresholds) so the pool ends evenly loaded
-        order = sorted(range(total), key=lambda i: (-payload[i][1], sum(payload[i][2]), i))
-        futs = {executor.submit(_eval_task, payload[i]): i for i in order}
-        done = 0
-        for fut in _as_completed(executor, list(futs)):
-            out[futs[fut]] = fut.result()
-            done += 1
-            if progress:
-                progress(done, total)
-    finally:
-        if own is not None:
-            own.shutdown(wait=True, cancel_futures=True)
-    return out  # type: ignore[return-value]
-
-
-def _as_completed(executor, futs):
-    try:
-        from distributed import Client, as_completed as das
-        if isinstance(executor, Client):
-            return das(futs)
-    except ImportError:
-        pass
-    import concurrent.futures as cf
-    return cf.as_completed(futs)
+    # big chains first (large N, small thresholds) so the pool ends evenly loaded
+    order = sorted(range(len(payload)), key=lambda i: (-payload[i][1], sum(payload[i][2]), i))
+    return map_tasks(_eval_task, payload, workers=workers, executor=executor, progress=progress, order=order)
 
 
 def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,

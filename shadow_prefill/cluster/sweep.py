@@ -48,47 +48,14 @@ def _run_task(payload) -> RunResult:
     return simulate_cluster(sessions, config, policy, scenario, sizes, capacity)
 
 
-def _as_completed(executor, futs):
-    try:
-        from distributed import Client, as_completed as das
-        if isinstance(executor, Client):
-            return das(futs)
-    except ImportError:
-        pass
-    import concurrent.futures as cf
-    return cf.as_completed(futs)
-
-
 def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=None,
               progress: Callable[[int, int], None] | None = None) -> list:
     """``[fn(p) for p in payloads]`` serially, on ``executor`` or on a local pool of ``workers`` processes."""
-    total = len(payloads)
+    from tr_model.parallel import map_tasks as _map_tasks
+
     if not isinstance(workers, int) or workers < 1:
         raise ShadowError(f"workers must be an integer >= 1, got {workers!r}")
-    out: list = [None] * total
-    if executor is None and (workers <= 1 or total < 2):
-        for k, p in enumerate(payloads):
-            out[k] = fn(p)
-            if progress:
-                progress(k + 1, total)
-        return out
-    own = None
-    if executor is None:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        own = executor = cf.ProcessPoolExecutor(max_workers=min(workers, total), mp_context=mp.get_context("spawn"))
-    try:
-        futs = {executor.submit(fn, p): k for k, p in enumerate(payloads)}
-        done = 0
-        for fut in _as_completed(executor, list(futs)):
-            out[futs[fut]] = fut.result()
-            done += 1
-            if progress:
-                progress(done, total)
-    finally:
-        if own is not None:
-            own.shutdown(wait=True, cancel_futures=True)
-    return out
+    return _map_tasks(fn, payloads, workers=workers, executor=executor, progress=progress)
 
 
 def calibrated_capacities(config: ClusterConfig, sizes: RequestSizes) -> tuple[float, ...]:

@@ -30,7 +30,7 @@ import numpy as np
 import dtmc
 import tr_model
 from optimizer.search import count_feasible
-from tr_model._cli_util import format_table
+from tr_core.cli import format_table
 
 R2R = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
 ME = tr_model.preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2])

@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
 import tr_model  # noqa: E402
-from tr_model.errors import StateSpaceTooLarge  # noqa: E402
-from tr_model.spec import LatencyCurve, make_spec, preset  # noqa: E402
+from tr_core.errors import StateSpaceTooLarge  # noqa: E402
+from tr_core.spec import LatencyCurve, make_spec, preset  # noqa: E402
 from simulator import (bimodal_run_length_pmf, generate_trace, optimize_by_simulation, run_lengths,  # noqa: E402
                        simulate)
 

@@ -18,7 +18,7 @@ import os
 import tempfile
 
 from optimizer.evaluate import Evaluation
-from tr_model.spec import SystemSpec, spec_to_dict
+from tr_core.spec import SystemSpec, spec_to_dict
 
 CACHE_FORMAT = 1
 
@@ -52,7 +52,7 @@ def code_fingerprint() -> str:
 
 def evaluation_key(spec: SystemSpec, N: int, B, solver: str, tol: float, max_states: int,
                    round_to_grid: bool) -> str:
-    from tr_model import __version__
+    from tr_core.version import __version__
     d = spec_to_dict(spec)
     d.pop("provenance", None)
     d.pop("name", None)

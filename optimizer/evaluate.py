@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import dtmc
-from tr_model.errors import SpecError, StateSpaceTooLarge
-from tr_model.spec import SystemSpec
+from tr_core.errors import SpecError, StateSpaceTooLarge
+from tr_core.spec import SystemSpec
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from optimizer.evaluate import Evaluation, evaluate_thresholds
-from tr_model.errors import SpecError
-from tr_model.spec import SystemSpec
+from tr_core.errors import SpecError
+from tr_core.spec import SystemSpec
 
 TIE_RTOL = 1e-9
 
@@ -107,7 +107,7 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
     (a ``ProcessPoolExecutor``, a Dask ``Client``...).  Otherwise ``workers``
     > 1 starts a local process pool.
     """
-    from tr_model.parallel import map_tasks
+    from tr_core.parallel import map_tasks
 
     payload = [(spec, int(N), tuple(B), kw) for N, B in tasks]
     # big chains first (large N, small thresholds) so the pool ends evenly loaded

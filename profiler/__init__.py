@@ -6,6 +6,6 @@ submodules that need them import them on first use.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from tr_core.version import __version__
 
 __all__ = ["__version__"]

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tr_model.errors import TRError
+from tr_core.errors import TRError
 
 FORMATS = ("table", "json", "csv")
 
@@ -153,7 +153,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_latency(a: argparse.Namespace) -> int:
     from profiler.latency import load_model, profile_latency, resolve_device
-    from tr_model.spec import write_json_atomic
+    from tr_core.spec import write_json_atomic
 
     sizes = _int_list(a.batch_sizes, "--batch-sizes")
     _check_out(a.out)
@@ -205,7 +205,7 @@ def _routing_summary(est) -> tuple[list[dict], list[str]]:
 
 def cmd_routing(a: argparse.Namespace) -> int:
     from profiler.routing import estimate_routing, json_safe, routing_provenance
-    from tr_model.spec import save_spec
+    from tr_core.spec import save_spec
 
     _check_out(a.out)
     if a.step_latency_ms is not None and a.latency_profile:
@@ -336,7 +336,7 @@ def cmd_route_run(a: argparse.Namespace) -> int:
 def cmd_system(a: argparse.Namespace) -> int:
     from profiler.latency import load_latency_profile, load_model, profile_latency, resolve_device
     from profiler.routing import estimate_routing
-    from tr_model.spec import save_spec, write_json_atomic
+    from tr_core.spec import save_spec, write_json_atomic
 
     paths = a.model or []
     _check_out(a.out)
@@ -396,7 +396,7 @@ def cmd_system(a: argparse.Namespace) -> int:
     lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms)
                  + ("  (batch-dependent curves in the spec)" if spec.batch_dependent else ""))
     lines.append(f"spec: {out}")
-    from tr_model.spec import spec_to_dict
+    from tr_core.spec import spec_to_dict
     _emit(rows, a.format, {"spec_path": out, "spec": spec_to_dict(spec)}, lines)
     return 0
 

@@ -45,8 +45,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tr_model.errors import TRError
-from tr_model.fileio import read_json
+from tr_core.errors import TRError
+from tr_core.fileio import read_json
 
 LATENCY_SCHEMA_VERSION = 1
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

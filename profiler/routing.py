@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from profiler.trace import TraceAccumulator, TraceError, accumulate_trace
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 
 Z95 = 1.959963984540054
 
@@ -349,7 +349,7 @@ def check_estimable(est: RoutingEstimate) -> None:
 
 
 def spec_matrices(est: RoutingEstimate) -> tuple[list[list[float]], list[list[float]]]:
-    """P and C as lists for :func:`tr_model.spec.make_spec` (unobserved c_ij -> 0, rows renormalised)."""
+    """P and C as lists for :func:`tr_core.spec.make_spec` (unobserved c_ij -> 0, rows renormalised)."""
     check_estimable(est)
     P = est.P.copy()
     P = P / P.sum(axis=1, keepdims=True)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from profiler.latency import LatencyProfile, ProfileError
 from profiler.routing import RoutingEstimate, routing_provenance, spec_matrices
-from tr_model.spec import LatencyCurve, SystemSpec, make_spec
+from tr_core.spec import LatencyCurve, SystemSpec, make_spec
 
 CURVES = ("table", "constant", "affine")
 

@@ -42,7 +42,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tr_model.errors import TRError
+from tr_core.errors import TRError
 
 TRACE_SCHEMA_VERSION = 1
 FIELDS = ("request_id", "step", "model", "next_model", "committed_tokens")

@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tr_model.errors import TRError
+from tr_core.errors import TRError
 
 from shadow_prefill.builder import AgentLoopParams, LengthDist, LogNormal, MatrixWorkload, SyntheticParams, \
     generate_synthetic_sessions
@@ -38,11 +38,7 @@ from shadow_prefill.trace_io import atomic_write, read_session_trace, write_sess
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "add_workload_args", "workload_from_args"]
 
-try:
-    from importlib.metadata import version as _pkg_version
-    VERSION = _pkg_version("tokenrouter-model")
-except Exception:  # not installed: running from a checkout
-    VERSION = "0.1.0"
+from tr_core.version import __version__ as VERSION
 
 
 # ============================================================================ argument helpers

@@ -1,6 +1,6 @@
 """Errors of :mod:`shadow_prefill` that a user can cause.
 
-They subclass :class:`tr_model.errors.TRError`, so ``tr-shadow`` (like the
+They subclass :class:`tr_core.errors.TRError`, so ``tr-shadow`` (like the
 project's other CLIs) turns them into one ``error: ...`` line on stderr and
 exit code 2.  Messages about an input file name the file and, for line-based
 formats, the 1-based line number (``trace.jsonl:17: ...``).
@@ -8,7 +8,7 @@ formats, the 1-based line number (``trace.jsonl:17: ...``).
 
 from __future__ import annotations
 
-from tr_model.errors import TRError
+from tr_core.errors import TRError
 
 __all__ = ["ShadowError", "InputFileError"]
 

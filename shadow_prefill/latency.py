@@ -69,7 +69,7 @@ import numpy as np
 from shadow_prefill import _kernels as _k
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.presets import gpu_preset, model_config
-from tr_model.kvplan import DTYPE_BYTES  # the project's one table of dtype sizes
+from tr_core.units import DTYPE_BYTES  # the project's one table of dtype sizes
 
 __all__ = ["ModelArch", "GPUSpec", "LatencyModel", "build_roofline", "fit_linear_model", "read_profile_points",
            "load_model_arch", "load_gpu", "choose_tp", "lm_iteration_time", "lm_prefill_time", "lm_decode_time",

@@ -47,9 +47,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[TextIO], None]) -> No
     """Call ``write(f)`` on a temp file next to ``path``, then rename it over ``path``.
 
     On any error the temp file is removed and ``path`` is left as it was
-    (the project's shared :func:`tr_model.fileio.atomic_write`, raising ShadowError).
+    (the project's shared :func:`tr_core.fileio.atomic_write`, raising ShadowError).
     """
-    from tr_model.fileio import atomic_write as _atomic_write
+    from tr_core.fileio import atomic_write as _atomic_write
 
     _atomic_write(path, write, error=ShadowError)
 

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 from simulator._kernels import simulate_kernel
 from simulator.traces import RoutingTrace, read_trace, trace_from_records
 

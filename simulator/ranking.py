@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 from simulator.engine import SimulationResult, batch_means_halfwidth, simulate, validate_thresholds
 
 __all__ = ["RankedCandidate", "Ranking", "SimulatedOptimum", "feasible_thresholds", "rank_candidates",

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 
 __all__ = ["RoutingTrace", "read_trace", "trace_from_records", "write_trace", "generate_trace",
            "bimodal_run_length_pmf", "run_lengths"]
@@ -181,7 +181,7 @@ def read_trace(path: str | os.PathLike) -> RoutingTrace:
 
 def write_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
     """Write a trace as JSONL, atomically (temp file then rename)."""
-    from tr_model.fileio import atomic_write
+    from tr_core.fileio import atomic_write
 
     def dump(f):
         for r in range(trace.n_requests):

@@ -18,7 +18,7 @@ import pytest
 import tr_model
 import tr_model.api
 from tr_model.autotune import inputs_sha256, on_server_start, solver_options, tune
-from tr_model.spec import save_spec
+from tr_core.spec import save_spec
 from tr_model.thresholds import ThresholdTable, WatchedThresholds
 
 SPEC = tr_model.preset("r2r", [6.0, 27.9], p=0.35)

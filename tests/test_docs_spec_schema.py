@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tr_model
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra")
 

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 
 import dtmc
 import tr_model
-from tr_model.spec import make_spec, preset
+from tr_core.spec import make_spec, preset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REF = json.load(open(os.path.join(HERE, "fixtures", "reference_values.json")))

@@ -5,7 +5,7 @@ import pytest
 
 import tr_model
 from mc_reference import simulate
-from tr_model.spec import make_spec, preset
+from tr_core.spec import make_spec, preset
 
 CASES = [
     # id, spec builder, N, B

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tr_model
-from tr_model.spec import make_spec
+from tr_core.spec import make_spec
 
 
 @st.composite

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from tr_model.errors import SpecError
-from tr_model.grid import coarsest_delta, grid_errors, load_latency_table
+from tr_core.errors import SpecError
+from tr_core.grid import coarsest_delta, grid_errors, load_latency_table
 
 
 @pytest.mark.parametrize("lat,rtol", [([6.0, 27.9], 0.01), ([6.137, 27.9], 0.01), ([10, 10.5], 0.03),

@@ -7,7 +7,7 @@ import pytest
 
 import tr_model
 from optimizer.cache import ResultCache
-from tr_model.spec import preset
+from tr_core.spec import preset
 
 R2R = preset("r2r", [6.0, 27.9], p=0.35)
 

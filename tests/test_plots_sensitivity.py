@@ -3,7 +3,7 @@
 import pytest
 
 import tr_model
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 from tr_model.sensitivity import (bstar_grid, compare_systems, grid_latency, perturbed_preset,
                                   profiling_sensitivity)
 

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 import tr_model
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 from tr_model.plots import plot_throughput, save_figure, throughput_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from profiler.synth import write_synthetic_trace
-from tr_model.spec import load_spec
+from tr_core.spec import load_spec
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}

@@ -109,7 +109,7 @@ def test_static_and_dynamic_cache_steps_agree_and_rewind(tmp_path, mode_T):
 def test_profile_latency_cpu_and_profile_roundtrip(tmp_path):
     pytest.importorskip("torch")
     from profiler.latency import load_model, profile_latency
-    from tr_model.spec import write_json_atomic
+    from tr_core.spec import write_json_atomic
     model, name = load_model(config_path=write_config(tmp_path, "qwen2"), dtype="fp32", device="cpu")
     prof = profile_latency(model, name=name, batch_sizes=[4, 1, 2, 4], mode="extend", context=8, extend_tokens=3,
                            warmup=1, steps=5, device="cpu", measure_overhead=True)

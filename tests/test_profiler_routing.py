@@ -14,8 +14,8 @@ from profiler.routing import (estimate_routing, geometric_hazard_test, routing_p
 from profiler.synth import write_synthetic_trace
 from profiler.system import build_system_spec
 from profiler.trace import TraceError, read_trace_records
-from tr_model.errors import SpecError
-from tr_model.spec import load_spec, save_spec
+from tr_core.errors import SpecError
+from tr_core.spec import load_spec, save_spec
 
 P2 = [[0.75, 0.25], [0.6, 0.4]]
 C2 = [[1, 0], [1, 1]]

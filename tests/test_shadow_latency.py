@@ -10,7 +10,7 @@ import pytest
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.latency import (GPUSpec, LatencyModel, ModelArch, choose_tp, fit_linear_model, load_gpu,
                                     load_model_arch, read_profile_points, build_roofline)
-from tr_model.errors import TRError
+from tr_core.errors import TRError
 from shadow_prefill.presets import MODEL_CONFIGS
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tr_model.errors import SpecError
-from tr_model.spec import LatencyCurve, make_spec, preset
+from tr_core.errors import SpecError
+from tr_core.spec import LatencyCurve, make_spec, preset
 from simulator import simulate
 
 R2R = preset("r2r", [6.0, 27.9], p=0.35)

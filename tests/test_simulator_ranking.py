@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tr_model.errors import SpecError
-from tr_model.spec import LatencyCurve, make_spec, preset
+from tr_core.errors import SpecError
+from tr_core.spec import LatencyCurve, make_spec, preset
 from simulator import feasible_thresholds, optimize_by_simulation, rank_candidates, simulate
 
 tr_model = pytest.importorskip("tr_model")

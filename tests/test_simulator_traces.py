@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from tr_model.errors import SpecError
-from tr_model.spec import preset
+from tr_core.errors import SpecError
+from tr_core.spec import preset
 from simulator import (bimodal_run_length_pmf, generate_trace, read_trace, run_lengths, simulate,
                        trace_from_records, write_trace)
 

@@ -8,11 +8,11 @@ Quick start::
     ev = tr_model.evaluate(spec, N=8, B=(1, 5))  # one threshold vector
 """
 
-from tr_model.errors import SpecError, StateSpaceTooLarge, TRError
-from tr_model.spec import (PRESETS, LatencyCurve, SystemSpec, load_spec, make_spec, preset, save_spec,
+from tr_core.errors import SpecError, StateSpaceTooLarge, TRError
+from tr_core.spec import (PRESETS, LatencyCurve, SystemSpec, load_spec, make_spec, preset, save_spec,
                            spec_from_dict, spec_to_dict)
 
-__version__ = "0.1.0"
+from tr_core.version import __version__
 
 __all__ = ["SystemSpec", "LatencyCurve", "make_spec", "preset", "PRESETS", "load_spec", "save_spec",
            "spec_from_dict", "spec_to_dict", "evaluate", "optimize", "optimize_many", "TRError", "SpecError",
@@ -20,7 +20,7 @@ __all__ = ["SystemSpec", "LatencyCurve", "make_spec", "preset", "PRESETS", "load
 
 
 def __getattr__(name):
-    # loaded lazily: optimizer/ imports tr_model.spec, so an eager import here would be circular
+    # loaded lazily: optimizer/ imports tr_core.spec, so an eager import here would be circular
     if name in ("evaluate", "optimize", "optimize_many"):
         from tr_model import api
         return getattr(api, name)

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from optimizer.evaluate import Evaluation, evaluate_thresholds
 from optimizer.search import Optimum, optimize_sweep, optimize_thresholds
-from tr_model.spec import SystemSpec
+from tr_core.spec import SystemSpec
 
 
 def evaluate(spec: SystemSpec, N: int, B: Sequence[int], *, solver: str = "auto", tol: float | None = None,

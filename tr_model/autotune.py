@@ -46,8 +46,8 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from tr_model.errors import SpecError, StateSpaceTooLarge
-from tr_model.spec import SystemSpec, spec_to_dict
+from tr_core.errors import SpecError, StateSpaceTooLarge
+from tr_core.spec import SystemSpec, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
                                  canonical_sha256, spec_sha256)
 
@@ -109,7 +109,7 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
 
 def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
     """Write atomically (temp file in the same folder, fsync, rename); the old file survives any failure."""
-    from tr_model.fileio import atomic_write
+    from tr_core.fileio import atomic_write
 
     def dump(f):
         json.dump(doc, f, indent=1, allow_nan=False)

@@ -20,8 +20,8 @@ import json
 import math
 import sys
 
-from tr_model._cli_util import Parser, format_table, run_cli, to_csv
-from tr_model.errors import SpecError
+from tr_core.cli import Parser, format_table, run_cli, to_csv
+from tr_core.errors import SpecError
 
 SUBCOMMANDS = ("run", "show", "kv-plan", "measure")
 
@@ -37,7 +37,7 @@ def build_parser() -> Parser:
                        "atomically. A file (or --cache-dir entry) with the same inputs hash is reused at once; a "
                        "partial one is resumed.")
     g = r.add_argument_group("system (--spec, or a preset via --p/--algo/--weights with --L)")
-    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (tr_model.spec format)")
+    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (tr_core.spec format)")
     g.add_argument("--algo", choices=("r2r", "citer", "co-llm", "r-stitch", "me"), help="routing preset")
     g.add_argument("--p", type=float, help="escalation probability per token from model 0 (r2r/citer/co-llm, "
                    "r-stitch)")
@@ -96,7 +96,7 @@ def build_parser() -> Parser:
                        "throughput, per-request speed and admission latency in the spec's time units next to the "
                        "chain's prediction.")
     g = m.add_argument_group("system (--spec, or a preset via --p/--algo/--weights with --L)")
-    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (tr_model.spec format)")
+    g.add_argument("--spec", metavar="FILE.json", help="system spec JSON (tr_core.spec format)")
     g.add_argument("--algo", choices=("r2r", "citer", "co-llm", "r-stitch", "me"), help="routing preset")
     g.add_argument("--p", type=float, help="escalation probability per token from model 0")
     g.add_argument("--q", type=float, help="r-stitch: probability per token of switching back 1->0")
@@ -146,7 +146,7 @@ def _print_table(table, fmt: str, path: str | None) -> None:
 
 
 def _spec_from_args(a):
-    from tr_model.spec import load_spec, preset
+    from tr_core.spec import load_spec, preset
     if a.delta is not None and (not math.isfinite(a.delta) or a.delta <= 0):
         raise SpecError(f"--delta must be > 0 ms, got {a.delta:g}")
     if a.spec:
@@ -224,7 +224,7 @@ def _gib(x: float) -> str:
 
 def _cmd_kv_plan(a) -> int:
     from tr_model.kvplan import load_placement, plan_kv_cache, plan_to_dict
-    from tr_model.spec import write_json_atomic
+    from tr_core.spec import write_json_atomic
     if a.max_concurrency is not None and a.max_concurrency < 1:
         raise SpecError(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
     if a.gpu_memory_gib is not None and (not math.isfinite(a.gpu_memory_gib) or a.gpu_memory_gib <= 0):

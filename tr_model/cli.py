@@ -13,9 +13,9 @@ import json
 import math
 import sys
 
-from tr_model._cli_util import Parser, Progress, format_table, parse_int_list, run_cli, to_csv
-from tr_model.errors import SpecError
-from tr_model.spec import PRESETS, load_spec, preset, spec_to_dict, write_json_atomic
+from tr_core.cli import Parser, Progress, format_table, parse_int_list, run_cli, to_csv
+from tr_core.errors import SpecError
+from tr_core.spec import PRESETS, load_spec, preset, spec_to_dict, write_json_atomic
 
 OUTPUT_SCHEMA_VERSION = 1
 DEFAULT_NS = [1, 2, 4, 8, 16]
@@ -142,7 +142,7 @@ def spec_from_args(a):
             setattr(a, flag, None)
     spec = _base_spec_from_args(a)
     if a.L_table:
-        from tr_model.grid import load_latency_table
+        from tr_core.grid import load_latency_table
         spec = replace(spec, latency_curves=tuple(load_latency_table(a.L_table, spec.M)))
     caps = _parse_caps(a.max_batch, spec.M)
     if caps is not None:
@@ -166,7 +166,7 @@ def _base_spec_from_args(a):
         else:
             raise SpecError("define the system with --p (R2R preset), --algo, --weights or --spec")
     if not a.L and a.L_table:
-        from tr_model.grid import load_latency_table
+        from tr_core.grid import load_latency_table
         M = len(a.weights) if a.weights else 2
         curves = load_latency_table(a.L_table, M)
         if any(c is None for c in curves):
@@ -186,7 +186,7 @@ def _base_spec_from_args(a):
 
 def _parse_workers(value: str, M: int, Ns) -> int:
     from optimizer.search import count_feasible
-    from tr_model._cli_util import default_workers
+    from tr_core.cli import default_workers
     if value == "auto":
         total = sum(count_feasible(M, N) for N in Ns)
         return default_workers() if total > 200 else 1
@@ -245,7 +245,7 @@ def main_impl(argv=None) -> int:
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
     if a.delta == "auto":
         from dataclasses import replace
-        from tr_model.grid import coarsest_delta, spec_latencies
+        from tr_core.grid import coarsest_delta, spec_latencies
         delta = coarsest_delta(spec_latencies(spec, max(Ns)), a.delta_rtol)
         spec = replace(spec, delta_ms=delta)
         a.round = True
@@ -378,7 +378,7 @@ def _run_simulation_methods(spec, Ns, a, kw, doc, found=None):
     The optimum objects (exact or simulated) are appended to ``found`` for plotting.
     """
     from tr_model.api import evaluate, optimize
-    from tr_model.errors import StateSpaceTooLarge
+    from tr_core.errors import StateSpaceTooLarge
 
     sim_kw = None
     for N in Ns:
@@ -440,7 +440,7 @@ def _simulation_rows(doc):
 def _check_delta(spec, Ns, a, kw, results):
     """Re-solve at delta/2 and report the change in throughput and B*."""
     from tr_model.api import evaluate, optimize
-    from tr_model.errors import StateSpaceTooLarge
+    from tr_core.errors import StateSpaceTooLarge
 
     half = spec.with_delta(spec.delta_ms / 2)
     kw = dict(kw, round_to_grid=True)

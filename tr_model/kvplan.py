@@ -52,17 +52,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tr_model.errors import SpecError
-from tr_model.fileio import read_json
+from tr_core.errors import SpecError
+from tr_core.fileio import read_json
+from tr_core.units import DTYPE_BYTES, GIB
 
 PLACEMENT_SCHEMA_VERSION = 1
-GIB = 1024 ** 3
-
-DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
-}
 
 __all__ = ["ModelFootprint", "PlacedModel", "Placement", "KVPlan", "read_model_footprint", "load_placement",
            "make_placement", "plan_kv_cache", "plan_to_dict", "DTYPE_BYTES", "GIB"]

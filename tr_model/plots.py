@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_LINES = 6
@@ -82,7 +82,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> None:
 
     path = os.fspath(path)
     fmt = _format_of(path)
-    from tr_model.fileio import atomic_write
+    from tr_core.fileio import atomic_write
 
     def draw(f):
         # rc_context restores every setting on exit: nothing leaks into the caller's matplotlib state
@@ -269,7 +269,7 @@ def throughput_figure(optima: Iterable[Any] | Any, *, max_lines: int = MAX_LINES
 def plot_throughput(optima: Iterable[Any], path: str | os.PathLike) -> None:
     """Write :func:`throughput_figure` of ``optima`` to ``path`` (.png, .svg or .pdf), atomically.
 
-    An unsupported extension raises :class:`~tr_model.errors.SpecError` before anything is computed.
+    An unsupported extension raises :class:`~tr_core.errors.SpecError` before anything is computed.
     """
     _format_of(os.fspath(path))
     save_figure(throughput_figure(optima), path)

@@ -35,8 +35,8 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from tr_model.errors import SpecError
-from tr_model.spec import SystemSpec, preset
+from tr_core.errors import SpecError
+from tr_core.spec import SystemSpec, preset
 
 __all__ = ["compare_systems", "bstar_grid", "perturbed_preset", "profiling_sensitivity", "grid_latency"]
 

@@ -51,7 +51,7 @@ def _run_task(payload) -> RunResult:
 def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=None,
               progress: Callable[[int, int], None] | None = None) -> list:
     """``[fn(p) for p in payloads]`` serially, on ``executor`` or on a local pool of ``workers`` processes."""
-    from tr_model.parallel import map_tasks as _map_tasks
+    from tr_core.parallel import map_tasks as _map_tasks
 
     if not isinstance(workers, int) or workers < 1:
         raise ShadowError(f"workers must be an integer >= 1, got {workers!r}")

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Sequence
 
-from tr_model.errors import SpecError, TRError
+from tr_core.errors import SpecError, TRError
 
 
 class Parser(argparse.ArgumentParser):

@@ -28,8 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tr_model.errors import SpecError
-from tr_model.spec import LatencyCurve, SystemSpec
+from tr_core.errors import SpecError
+from tr_core.spec import LatencyCurve, SystemSpec
 
 
 def grid_errors(latencies: np.ndarray, delta: float) -> np.ndarray:

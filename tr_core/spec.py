@@ -41,8 +41,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tr_model.errors import SpecError
-from tr_model.fileio import atomic_write, read_json
+from tr_core.errors import SpecError
+from tr_core.fileio import atomic_write, read_json
 
 SPEC_SCHEMA_VERSION = 1
 PROB_TOL = 1e-9
@@ -450,7 +450,7 @@ def load_spec(path: str | os.PathLike) -> SystemSpec:
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
-    """Write ``doc`` as indented JSON, atomically (see :mod:`tr_model.fileio`)."""
+    """Write ``doc`` as indented JSON, atomically (see :mod:`tr_core.fileio`)."""
     def dump(f):
         json.dump(doc, f, indent=2, sort_keys=False)
         f.write("\n")

@@ -13,7 +13,7 @@ import os
 import tempfile
 from typing import IO, Any, Callable
 
-from tr_model.errors import SpecError
+from tr_core.errors import SpecError
 
 
 def _umask() -> int:

@@ -1,75 +1,411 @@
-"""Helpers shared by the project's command-line tools: one-line errors, N ranges, progress, tables."""
+"""Shared command-line plumbing: the one CLI convention (docs/cli-convention.md) in code.
+
+Every command builds its parser with :class:`Parser` and runs through :func:`run_cli`, so that
+
+- bad input (argparse's own errors included, in sub-commands too) is one ``error:`` line on stderr, exit 2;
+- a refused resource limit is exit 3 (:class:`tr_core.errors.TRError` subclasses carry ``exit_code``);
+- Ctrl-C is ``error: interrupted``, exit 130, also when the interrupt surfaces inside a compiled kernel
+  (numba re-raises it as ``SystemError: CPUDispatcher(...) returned a result with an exception set``);
+- ``--out FILE`` writes what would go to stdout to FILE instead, atomically, and only to a regular file;
+- lists are space-separated (a comma list is still read, with a deprecation note); integer lists take
+  ranges ``A-B`` that are never expanded into memory (:class:`IntRanges`);
+- old flag spellings stay as hidden aliases that print ``note: --old is deprecated; use --new``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import io
 import os
+import stat
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from tr_core.errors import SpecError, TRError
 
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_RESOURCE = 3
+EXIT_INTERRUPTED = 130
+
+FORMATS = ("table", "json", "csv")
+
+
+def _one_line(message: str) -> str:
+    lines = [s.strip() for s in str(message).splitlines() if s.strip()]
+    return lines[0] if lines else ""
+
+
+def note(message: str) -> None:
+    """A ``note:`` line on stderr (deprecations, choices made for the user)."""
+    sys.stderr.write(f"note: {message}\n")
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the project's error convention: one ``error:`` line on stderr, exit 2."""
+    """argparse with the project's error convention: one ``error:`` line on stderr, exit 2.
+
+    Sub-parsers made with ``add_subparsers().add_parser`` are of the same class, so their errors follow
+    the convention too; no usage block is printed.
+    """
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"error: {message}\n")
-        raise SystemExit(2)
+        sys.stderr.write(f"error: {_one_line(message)}\n")
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
-def fail(message: str, code: int = 2):
-    sys.stderr.write(f"error: {message}\n")
+def fail(message: str, code: int = EXIT_BAD_INPUT):
+    sys.stderr.write(f"error: {_one_line(message)}\n")
     raise SystemExit(code)
 
 
-def run_cli(fn, argv=None) -> int:
-    """Run ``fn(argv)``, turning user errors into one ``error:`` line and an exit code."""
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: prints ``<prog> <version>`` and exits 0."""
+    from tr_core.version import __version__
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+# --------------------------------------------------------------------------------------------- interrupts
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend((e.__cause__, e.__context__))
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """True when ``exc`` is, or was raised while handling, a KeyboardInterrupt.
+
+    numba's dispatcher turns an interrupt that arrives while a compiled function runs into
+    ``SystemError: CPUDispatcher(...) returned a result with an exception set`` whose context is the
+    KeyboardInterrupt; worker pools may wrap it too.
+    """
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
+
+
+def run_cli(fn: Callable, argv=None) -> int:
+    """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted."""
     try:
         return int(fn(argv) or 0)
-    except TRError as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.exit_code)
-    except (ValueError, OSError) as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__, 2)
+    except SystemExit:
+        raise
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        raise SystemExit(130)
+        _interrupted()
+    except TRError as e:
+        if is_interrupt(e):
+            _interrupted()
+        fail(_one_line(str(e)) or type(e).__name__, e.exit_code)
     except BrokenPipeError:
+        _quiet_broken_pipe()
         return 0
+    except MemoryError:
+        fail("out of memory; ask for a smaller problem (fewer N, a coarser --delta-ms)", EXIT_RESOURCE)
+    except (ValueError, OSError) as e:
+        if is_interrupt(e):
+            _interrupted()
+        fail(_one_line(str(e)) or type(e).__name__, EXIT_BAD_INPUT)
+    except BaseException as e:
+        if is_interrupt(e):
+            _interrupted()
+        raise
     return 0
 
 
-def parse_int_list(values: Sequence[str], flag: str, lo: int = 1) -> list[int]:
-    """Parse ``["1", "4-8", "16"]`` (also comma-separated) into sorted unique integers."""
-    out: list[int] = []
-    for v in values:
-        for part in str(v).split(","):
-            part = part.strip()
-            if not part:
+def _interrupted():
+    try:
+        sys.stdout.flush()
+    except Exception:  # stdout may be a closed pipe; the exit code says enough
+        pass
+    sys.stderr.write(("\n" if Progress.line_open else "") + "error: interrupted\n")
+    raise SystemExit(EXIT_INTERRUPTED)
+
+
+def _quiet_broken_pipe():
+    # the reader went away (``| head``): point stdout at /dev/null so the final flush does not fail again
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# ------------------------------------------------------------------------------------------------- lists
+
+
+class IntRanges(Sequence[int]):
+    """Sorted unique integers kept as disjoint closed ranges: ``--N 1-1000000000`` costs two numbers.
+
+    Behaves as a read-only sequence (``len``, indexing, ``in``, iteration in increasing order); ``count``
+    is ``len``.  Comparing with a list compares the integers.
+    """
+
+    def __init__(self, spans: Iterable[tuple[int, int]] = ()):
+        merged: list[list[int]] = []
+        for a, b in sorted((int(a), int(b)) for a, b in spans):
+            if b < a:
                 continue
-            try:
-                if "-" in part[1:]:
-                    a, b = part.split("-", 1) if not part.startswith("-") else ("-" + part[1:].split("-", 1)[0],
-                                                                                 part[1:].split("-", 1)[1])
-                    a_i, b_i = int(a), int(b)
-                    if b_i < a_i:
-                        raise SpecError(f"{flag}: empty range {part!r}")
-                    out.extend(range(a_i, b_i + 1))
-                else:
-                    out.append(int(part))
-            except ValueError:
-                raise SpecError(f"{flag}: {part!r} is not an integer or a range like 1-16") from None
-    bad = [x for x in out if x < lo]
-    if bad:
-        raise SpecError(f"{flag} must be >= {lo}, got {bad[0]}")
-    return sorted(set(out))
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.spans: tuple[tuple[int, int], ...] = tuple((a, b) for a, b in merged)
+        self._starts = [0]
+        for a, b in self.spans:
+            self._starts.append(self._starts[-1] + b - a + 1)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("IntRanges index out of range")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self.spans[k][0] + (i - self._starts[k])
+
+    def __iter__(self) -> Iterator[int]:
+        for a, b in self.spans:
+            yield from range(a, b + 1)
+
+    def __contains__(self, x) -> bool:
+        return any(a <= x <= b for a, b in self.spans)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, IntRanges):
+            return self.spans == other.spans
+        if isinstance(other, (list, tuple, range)):
+            return len(other) == len(self) and all(x == y for x, y in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return "IntRanges(" + " ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.spans) + ")"
+
+    @property
+    def min(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def max(self) -> int:
+        return self.spans[-1][1]
+
+
+def _split_commas(values: Sequence[str], flag: str) -> list[str]:
+    out: list[str] = []
+    warned = False
+    for v in values:
+        parts = str(v).split(",")
+        if len(parts) > 1 and not warned:
+            note(f"comma-separated lists for {flag} are deprecated; separate the values with spaces")
+            warned = True
+        out.extend(p.strip() for p in parts if p.strip())
+    return out
+
+
+def _parse_one_int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecError(f"{flag}: {text!r} is not an integer or a range like 1-16") from None
+
+
+def parse_int_ranges(values: Sequence[str], flag: str, lo: int | None = 1, hi: int | None = None) -> IntRanges:
+    """``["1", "4-8", "16"]`` -> :class:`IntRanges` (lazily; a range is never expanded).
+
+    A comma list (``1,2,4``) is still read, with a deprecation note.  An empty range (``8-4``) is refused
+    and named as empty; values below ``lo`` or above ``hi`` are refused.
+    """
+    spans = []
+    for part in _split_commas(values, flag):
+        body = part[1:]
+        if "-" in body:
+            cut = 1 + body.index("-")
+            a, b = _parse_one_int(part[:cut], flag), _parse_one_int(part[cut + 1:], flag)
+            if b < a:
+                raise SpecError(f"{flag}: the range {part!r} is empty (it ends before it starts)")
+        else:
+            a = b = _parse_one_int(part, flag)
+        if lo is not None and a < lo:
+            raise SpecError(f"{flag} must be >= {lo}, got {a}")
+        if hi is not None and b > hi:
+            raise SpecError(f"{flag} must be <= {hi}, got {b}")
+        spans.append((a, b))
+    if not spans:
+        raise SpecError(f"{flag}: no values given")
+    return IntRanges(spans)
+
+
+def parse_int_list(values: Sequence[str], flag: str, lo: int = 1) -> IntRanges:
+    """Sorted unique integers from values and ranges (see :func:`parse_int_ranges`); lazy."""
+    return parse_int_ranges(values, flag, lo=lo)
+
+
+def parse_list(values: Sequence[str], flag: str, convert: Callable = float, what: str = "a number") -> list:
+    """Space-separated values (a comma list still read, with a deprecation note), each through ``convert``."""
+    out = []
+    for part in _split_commas(values, flag):
+        try:
+            out.append(convert(part))
+        except (TypeError, ValueError):
+            raise SpecError(f"{flag}: {part!r} is not {what}") from None
+    if not out:
+        raise SpecError(f"{flag}: no values given")
+    return out
+
+
+class ListAction(argparse.Action):
+    """``nargs='+'`` list flag that also reads a deprecated comma list; converts with ``type``.
+
+    Use through :func:`add_list_arg`.
+    """
+
+    def __init__(self, option_strings, dest, convert=str, what="a value", **kw):
+        kw.setdefault("nargs", "+")
+        super().__init__(option_strings, dest, **kw)
+        self.convert = convert
+        self.what = what
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            vals = parse_list(values, option_string or self.dest, self.convert, self.what)
+        except SpecError as e:
+            parser.error(str(e))
+        setattr(namespace, self.dest, vals)
+
+
+def add_list_arg(group, *flags: str, convert: Callable = float, what: str = "a number", **kw):
+    """Add a space-separated list flag (comma lists read with a deprecation note)."""
+    return group.add_argument(*flags, action=ListAction, convert=convert, what=what, **kw)
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type``: a finite float (``nan``/``inf`` refused)."""
+    import math
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(text)
+    return x
+
+
+# ------------------------------------------------------------------------------------- deprecated aliases
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, convert: Callable | None = None):
+    """Accept ``old`` as a hidden spelling of ``new`` (already added), with a deprecation note on stderr.
+
+    ``convert`` maps the old flag's parsed value to the new one (e.g. steps to seconds); by default the
+    value passes unchanged.  The alias takes the same number of values and type as ``new``.
+    """
+    target = parser._option_string_actions.get(new)  # argparse keeps no public index of its flags
+    if target is None:
+        raise ValueError(f"deprecated_alias: {new} is not a flag of {parser.prog}")
+
+    class _Alias(argparse.Action):
+        def __call__(self, p, namespace, values, option_string=None):
+            note(f"{old} is deprecated; use {new}")
+            if convert is not None:
+                values = convert(values)
+            target(p, namespace, values, new)
+
+    kw = dict(dest=target.dest, nargs=target.nargs, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if target.nargs != 0:
+        kw.update(type=target.type, choices=target.choices, metavar=target.metavar)
+    parser.add_argument(old, action=_Alias, **kw)
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def add_output_args(parser, formats: Sequence[str] = FORMATS, *, default: str = "table", group=None) -> None:
+    """``--format`` and ``--out FILE`` with the convention's meaning; resolve with :func:`output_format`."""
+    g = group or parser
+    g.add_argument("--format", choices=tuple(formats), default=None,
+                   help=f"output format (default {default}; with --out, the file's extension when it names one)")
+    g.add_argument("--out", metavar="FILE", help="write the output to FILE instead of stdout (atomically: a "
+                   "temporary name, then a rename; only a regular file)")
+    parser.set_defaults(_format_default=default, _formats=tuple(formats))
+
+
+def output_format(args, default: str | None = None) -> str:
+    """The chosen format: ``--format``, else the ``--out`` file's extension when it is a format, else the default."""
+    fmt = getattr(args, "format", None)
+    if fmt:
+        return fmt
+    formats = getattr(args, "_formats", FORMATS)
+    out = getattr(args, "out", None)
+    if out:
+        ext = os.path.splitext(out)[1].lower().lstrip(".")
+        if ext in formats and ext != "table":
+            return ext
+    return default or getattr(args, "_format_default", "table")
+
+
+def check_out_path(path: str, flag: str = "--out") -> str:
+    """Refuse an output target that is not (or would not be) a regular file; return the path to rename onto.
+
+    A device, a symlink to one, a folder or a FIFO is refused (replacing ``/dev/full`` by a file as root is
+    the failure this prevents); a missing folder is refused before any work.  A symlink to a regular file
+    is followed, so the file it points to is replaced.
+    """
+    if not path:
+        raise SpecError(f"{flag}: empty file name")
+    if path.endswith(os.sep):
+        raise SpecError(f"{flag} {path!r} names a folder, not a file")
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise SpecError(f"{flag} {path!r}: {e.strerror or e}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise SpecError(f"{flag} {path!r} is a folder, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{flag} {path!r} is not a regular file (a device, pipe or socket); "
+                            "give a file name")
+    folder = os.path.dirname(real) or "."
+    if not os.path.isdir(folder):
+        raise SpecError(f"{flag} {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"{flag} {path!r}: the folder {folder!r} is not writable")
+    return real
+
+
+def emit(text: str, out: str | None = None, flag: str = "--out") -> None:
+    """Write ``text`` to stdout, or atomically to the regular file ``out`` instead."""
+    if not out:
+        sys.stdout.write(text)
+        return
+    from tr_core.fileio import atomic_write
+    real = check_out_path(out, flag)
+    atomic_write(real, lambda f: f.write(text), what=f"{flag} file")
+
+
+def format_gain(x: float | None) -> str:
+    """A gain or ratio as printed in tables: ``1.111x`` (``-`` when unknown)."""
+    return "-" if x is None else f"{x:.3f}x"
+
+
+# ------------------------------------------------------------------------------------------ progress, tables
 
 
 class Progress:
     """A one-line progress bar on stderr, shown only on a terminal and when not quiet."""
+
+    line_open = False  # a bar is drawn without its newline (an interrupt message starts a new line)
 
     def __init__(self, label: str, enabled: bool | None = None):
         self.label = label
@@ -92,6 +428,7 @@ class Progress:
                          f"{el:5.1f}s eta {eta:5.1f}s")
         if done >= total:
             sys.stderr.write("\n")
+        Progress.line_open = done < total
         sys.stderr.flush()
 
 

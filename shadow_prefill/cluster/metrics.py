@@ -107,6 +107,9 @@ def _compare_group(runs: Sequence[RunResult], baseline: str) -> list[dict]:
         rows.append({
             "approach": r.approach, "seed": sc.seed, "window": str(sc.window), "rho": sc.rho,
             "calls": int(common.sum()), "switch_calls": int(sw.sum()),
+            # an overloaded run leaves measured calls unfinished: the reductions cover only `calls` of these
+            "measured_calls": int(b.call_measured.sum()),
+            "unfinished_calls": int((r.call_measured & ~r.call_done).sum()),
             "switch_latency_reduction_pct": _red(p["sw_lat"], pb["sw_lat"]),
             "call_latency_reduction_pct": _red(p["lat"], pb["lat"]),
             "switch_ttft_reduction_pct": _red(p["sw_ttft"], pb["sw_ttft"]),
@@ -145,6 +148,9 @@ def summarize_comparison(per_run: pd.DataFrame, metrics: Sequence[str] = RELATIV
     for key, g in per_run.groupby(list(by), sort=False):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         row["runs"] = len(g)
+        for c in ("calls", "measured_calls", "unfinished_calls"):  # totals over the runs (coverage of the means)
+            if c in g:
+                row[c] = int(g[c].sum())
         for m in metrics:
             x = g[m].to_numpy(dtype=float)
             x = x[np.isfinite(x)]

@@ -1,11 +1,39 @@
 import os
 import shutil
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+
+# The suite keeps its caches to itself: every result cache (tr-optimize's evaluations, autotune tables)
+# and anything else written under $XDG_CACHE_HOME goes to one temporary folder per test session, removed
+# at the end; set before any test module is imported so subprocesses inherit it too.
+_SESSION_DIR = tempfile.mkdtemp(prefix="tr-model-tests-")
+os.environ["TR_MODEL_CACHE_DIR"] = os.path.join(_SESSION_DIR, "evaluations")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_DIR, "xdg-cache")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
+
+def shared_path(*parts: str) -> str:
+    """A path under ../shared (the reference data, read in place); skips the test, saying so, when absent."""
+    path = os.path.join(SHARED, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"needs the shared reference data, not present here: {path}")
+    return path
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A result cache folder inside this test's tmp_path (also for subprocesses)."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TR_MODEL_CACHE_DIR", str(d))
+    return d
 
 
 def tool(name: str) -> list[str]:

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["Request", "MatrixRouter", "FixedThresholds", "Subserver", "TokenRouterRuntime", "RuntimeResult",
-           "run_closed_loop", "measure_closed_loop", "new_event_loop", "run_in_new_loop"]
+           "run_closed_loop", "measure_closed_loop", "new_event_loop", "run_in_new_loop", "VirtualTimeLoop",
+           "TraceRouter"]
 
 
 @dataclass(eq=False)
@@ -70,6 +71,9 @@ class Request:
     finished_at: float | None = None
     hops: int = 0
     future: Any = None
+    prompt_len: int = 0
+    trace_pos: int = -1          # position in a replayed routing trace (TraceRouter), -1 before the first step
+    executor_state: dict = field(default_factory=dict)  # per-model cache bookkeeping of the executor
 
 
 class MatrixRouter:
@@ -94,6 +98,43 @@ class MatrixRouter:
     def route(self, model: int, request: Request, token: int | None) -> tuple[int, float]:
         j = bisect.bisect_right(self.cum[model], request.rng.random())
         return j, self.C[model][j]
+
+
+class TraceRouter:
+    """Routes by a recorded routing trace (:class:`simulator.traces.RoutingTrace`, or a JSONL path).
+
+    Each new request replays one recorded request, picked by its own random
+    stream: after its k-th step it moves to the recorded ``model`` of step
+    k + 1 and commits the recorded ``committed_tokens`` of step k; after the
+    recorded last step it finishes (the closed loop then admits a new request
+    at the entry model).  The runtime admits every request at model 0, so the
+    recorded requests must start there.
+    """
+
+    def __init__(self, trace: Any):
+        from simulator.traces import RoutingTrace, read_trace
+        tr = trace if isinstance(trace, RoutingTrace) else read_trace(trace)
+        starts = tr.model[tr.offsets[:-1]]
+        if tr.n_requests < 1 or (starts != 0).any():
+            raise ValueError("a routing trace for the runtime needs >= 1 recorded request, each starting at model 0")
+        self.offsets = [int(x) for x in tr.offsets]
+        self.model = [int(x) for x in tr.model]
+        self.tokens = [float(x) for x in tr.committed_tokens]
+        self.last = [bool(x) for x in tr.last_step_flags()]
+
+    def route(self, model: int, request: Request, token: int | None) -> tuple[int, float]:
+        if request.trace_pos < 0:
+            rec = request.rng.randrange(len(self.offsets) - 1)
+            request.trace_pos = self.offsets[rec]
+        pos = request.trace_pos
+        if self.model[pos] != model:
+            raise RuntimeError(f"trace replay out of step: recorded model {self.model[pos]}, ran on {model}")
+        c = self.tokens[pos]
+        if self.last[pos]:
+            request.max_output_tokens = 0          # the recorded request ends here: finish it
+            return model, c
+        request.trace_pos = pos + 1
+        return self.model[pos + 1], c
 
 
 class FixedThresholds:
@@ -290,6 +331,9 @@ class TokenRouterRuntime:
         req.finished_at = t
         if req.created_at >= self.t_start and t <= self.t_end and t > req.created_at:
             self.request_speeds.append(req.committed / ((t - req.created_at) / self.time_scale))
+        release = getattr(self.executor, "release", None)
+        if release is not None:
+            release(req)  # free the request's cache slots
         self.broadcast_active(-1, origin)
         self.subservers[0].client_events.put_nowait(("done", req))
 
@@ -351,7 +395,7 @@ async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: 
             rng = random.Random(client_seeds[c] * 1_000_003 + seq)
             prompt = [rng.randrange(vocab_size) for _ in range(prompt_len)]
             await rt.submit(Request(rid=c * 10_000_000 + seq, client=c, max_output_tokens=max_output_tokens,
-                                    rng=rng, token_ids=prompt))
+                                    rng=rng, token_ids=prompt, prompt_len=prompt_len))
             seq += 1
 
     clients = [asyncio.ensure_future(client(c)) for c in range(n_clients)]
@@ -394,20 +438,69 @@ async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: 
     )
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """An event loop with microsecond timer resolution.
+class _VirtualClockSelector(selectors.SelectSelector):
+    """A selector whose waits advance a virtual clock instead of blocking.
 
-    asyncio's default selector on Linux (epoll) rounds every timeout up to a
-    whole millisecond, which makes each emulated step overshoot by ~0.5-2 ms;
-    ``select()`` takes microseconds, and the runtime only waits on a handful of
-    descriptors, so it costs nothing here.
+    ``select(timeout)`` first polls the real descriptors (the loop's self-pipe:
+    threads may still wake it); when nothing is ready it returns at once and
+    moves the clock forward by ``timeout``, which asyncio computed as the delay
+    to its earliest timer.  ``timeout is None`` (no timer at all) means only a
+    real event can make progress, so that one wait is real.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout: float | None = None):
+        ready = super().select(0)
+        if ready:
+            return ready
+        if timeout is None:
+            return super().select(None)
+        if timeout > 0:
+            self.now += timeout
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on a virtual clock: every ``sleep`` and timer completes in zero wall time, exactly on time.
+
+    The runtime is then a discrete-event simulation of itself: the same three
+    loops, queues and control messages, but a step of ``L`` ms lasts exactly
+    ``L`` ms of loop time, so a run is a pure function of its seed and its
+    results are exact (no timer overshoot, no machine load).  Work done in
+    threads (``asyncio.to_thread``) takes no virtual time; executors that must
+    account for compute time sleep for it explicitly.
+    """
+
+    def __init__(self) -> None:
+        self._vsel = _VirtualClockSelector()
+        super().__init__(self._vsel)
+        self._clock_resolution = 1e-9
+
+    def time(self) -> float:
+        return self._vsel.now
+
+
+def new_event_loop(clock: str = "wall") -> asyncio.AbstractEventLoop:
+    """An event loop for the runtime: ``clock="wall"`` (real time) or ``"virtual"`` (:class:`VirtualTimeLoop`).
+
+    The wall-clock loop uses ``select()``: asyncio's default selector on Linux
+    (epoll) rounds every timeout up to a whole millisecond, which makes each
+    emulated step overshoot by ~0.5-2 ms; ``select()`` takes microseconds, and
+    the runtime only waits on a handful of descriptors, so it costs nothing.
+    """
+    if clock == "virtual":
+        return VirtualTimeLoop()
+    if clock != "wall":
+        raise ValueError(f"clock must be 'wall' or 'virtual', got {clock!r}")
     return asyncio.SelectorEventLoop(selectors.SelectSelector())
 
 
-def run_in_new_loop(coro: Any) -> Any:
-    """Run a coroutine to completion in a fresh :func:`new_event_loop`."""
-    loop = new_event_loop()
+def run_in_new_loop(coro: Any, clock: str = "wall") -> Any:
+    """Run a coroutine to completion in a fresh :func:`new_event_loop` with that clock."""
+    loop = new_event_loop(clock)
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
@@ -420,6 +513,9 @@ def run_in_new_loop(coro: Any) -> Any:
             loop.close()
 
 
-def measure_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: Any, **kw) -> RuntimeResult:
-    """Synchronous wrapper of :func:`run_closed_loop` (in its own :func:`new_event_loop`)."""
-    return run_in_new_loop(run_closed_loop(spec, n_clients, thresholds, executor, **kw))
+def measure_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: Any, *, clock: str = "wall",
+                        **kw) -> RuntimeResult:
+    """Synchronous wrapper of :func:`run_closed_loop` in its own :func:`new_event_loop` (``clock`` "wall" or
+    "virtual"; with "virtual", ``duration_s`` and ``warmup_s`` are virtual seconds and the run takes only the
+    CPU time of its events)."""
+    return run_in_new_loop(run_closed_loop(spec, n_clients, thresholds, executor, **kw), clock=clock)

@@ -15,39 +15,60 @@ Usage::
     table = ThresholdTable.load("thresholds.json")      # validates, or raises ThresholdFileError
     b = table.lookup(active_requests)[my_model_index]    # launch when waiting >= b
 
-File format (``schema_version`` 1; JSON Schema in
+File format (``schema_version`` 2, this reader also reads 1; JSON Schema in
 ``data/schemas/thresholds.schema.json``)::
 
-    {"schema_version": 1, "format": "tokenrouter-thresholds",
+    {"schema_version": 2, "format": "tokenrouter-thresholds",
      "num_models": 2, "model_names": ["small", "large"], "delta_ms": 0.1,
      "spec": {... the system spec ...}, "spec_sha256": "<hex>",
-     "max_concurrency": 16, "complete": true,
+     "max_concurrency": 256, "complete": true,
      "fallback_thresholds": [1, 1],
-     "entries": [{"active_requests": 1, "thresholds": [1, 1],
-                  "predicted_tok_s": 63.43, "eager_tok_s": 63.43, ...}, ...],
+     "entries": [{"active_requests": 1, "thresholds": [1, 1], "certificate": "exhaustive",
+                  "predicted_tok_s": 63.43, "upper_bound_tok_s": 63.43, "gap": 0.0, ...}, ...],
      "provenance": {"tool": "tr-autotune", "tool_version": "0.1.0",
                     "inputs_sha256": "<hex>", "created_utc": "...", ...}}
 
+Every row of a version-2 file says how its vector was obtained (``certificate``):
+
+* ``exhaustive``: every feasible vector was evaluated; ``B*(N)`` is exact;
+* ``pruned-exact``: exact, vectors were skipped only by proven upper bounds;
+* ``certified``: the best vector found, and a proven ``upper_bound_tok_s`` on
+  what any vector reaches at that N; ``gap = (upper_bound - predicted) /
+  predicted`` bounds what the row may lose, relative to its throughput;
+* ``local``: a local search's result, no guarantee (``gap`` null);
+* ``extrapolated``: nothing was computed for this N (time budget spent, or
+  the chain too large); the vector is copied from row ``extrapolated_from``
+  (the largest computed N below), or is all ones when ``extrapolated_from`` is
+  null.  Extrapolated rows form a suffix of the table.
+
 Rules the reader enforces (each violation names the field):
 
-* ``schema_version`` must be 1;
-* ``entries[k].active_requests == k + 1``: the table covers N = 1..K with no
-  gap, ``1 <= K <= max_concurrency``, and ``K == max_concurrency`` when
-  ``complete`` is true;
+* ``schema_version`` must be 1 or 2;
+* ``entries[k].active_requests == k + 1``: the rows cover N = 1..K with no
+  gap, ``1 <= K <= max_concurrency``, and ``K == max_concurrency`` with no
+  extrapolated row when ``complete`` is true;
 * every threshold is an integer >= 1, every vector has ``num_models`` entries,
   and ``sum_i (B_i - 1) < N`` (the chain's feasibility condition: a vector that
   violates it can deadlock a closed system of N requests);
+* every number is a finite JSON number of the right type (no strings, no
+  booleans, no NaN or infinity, nothing that overflows a double);
 * ``spec_sha256`` equals the SHA-256 of the canonical JSON of ``spec`` without
   its free-form ``provenance`` (see :func:`canonical_sha256`), so an edited or
   truncated spec is detected.
 
-Lookup semantics: ``lookup(N)`` for ``N`` above the largest covered ``K``
-returns ``B*(K)`` (the table may be incomplete while the background tuner is
-still running); ``lookup(0)`` returns ``B*(1)`` (an empty system launches
-nothing anyway); a negative or non-integer count is an error.  A missing or
-corrupt file always raises :class:`ThresholdFileError`; the reader never
-substitutes a default silently.  Use :meth:`ThresholdTable.eager` explicitly
-when you want the all-ones fallback.
+Lookup semantics: ``lookup(N)`` for ``N`` above the last row returns that
+row's vector; ``lookup(0)`` returns ``B*(1)`` (an empty system launches
+nothing anyway); a negative or non-integer count is an error.
+``covered_concurrency`` counts the computed (not extrapolated) rows.
+
+Contract: :meth:`ThresholdTable.load` raises :class:`ThresholdFileError` and
+nothing else, whatever the path holds (missing, a directory or device, not
+UTF-8, not JSON, nested too deeply, numbers out of range, wrong types, more
+than ``MAX_FILE_BYTES``); the reader never substitutes a default silently.
+Use :meth:`ThresholdTable.eager` explicitly when you want the all-ones
+fallback.  :class:`WatchedThresholds` re-reads a replaced file and keeps the
+last good table after a bad replacement; its ``lookup`` never raises for a
+file problem.
 """
 
 from __future__ import annotations
@@ -56,15 +77,22 @@ import hashlib
 import json
 import math
 import os
+import reprlib
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-THRESHOLDS_SCHEMA_VERSION = 1
+THRESHOLDS_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 THRESHOLDS_FORMAT = "tokenrouter-thresholds"
+CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local", "extrapolated")
+MAX_FILE_BYTES = 64 * 2 ** 20   # a table for N = 1..10^5 with 12 models is about 30 MB
+MAX_CONCURRENCY_LIMIT = 2 ** 31 - 1
 
-__all__ = ["THRESHOLDS_SCHEMA_VERSION", "THRESHOLDS_FORMAT", "ThresholdFileError", "ThresholdTable",
-           "WatchedThresholds", "canonical_sha256", "spec_sha256"]
+__all__ = ["THRESHOLDS_SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "THRESHOLDS_FORMAT", "CERTIFICATES",
+           "MAX_FILE_BYTES", "ThresholdFileError", "ThresholdTable", "WatchedThresholds", "canonical_sha256",
+           "spec_sha256"]
 
 
 class ThresholdFileError(ValueError):
@@ -82,12 +110,99 @@ def spec_sha256(spec_doc: Mapping[str, Any]) -> str:
     return canonical_sha256({k: v for k, v in spec_doc.items() if k != "provenance"})
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 4, 40, 40
+_REPR.maxlong = 40
+
+
+def _short(x: Any) -> str:
+    """A bounded repr for messages (a field may hold a huge or deeply nested value)."""
+    try:
+        return _REPR.repr(x)
+    except Exception:  # noqa: BLE001 - a repr must never turn into a second error
+        return f"<{type(x).__name__}>"
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite JSON number that fits a double (a 400-digit integer does not)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
+def _parse_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):  # 1e400 parses as infinity
+        raise ValueError(f"number {text[:40]} is out of range of a double")
+    return x
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _read_bytes(p: str) -> bytes:
+    """The file's bytes; only a regular file of at most MAX_FILE_BYTES is read (a FIFO or device would block
+    or never end)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError:
+        raise ThresholdFileError(f"thresholds file {p!r} does not exist") from None
+    except OSError as e:
+        raise ThresholdFileError(f"cannot read thresholds file {p!r}: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL in the path
+        raise ThresholdFileError(f"cannot read thresholds file {p!r}: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ThresholdFileError(f"thresholds file {p!r} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ThresholdFileError(f"thresholds file {p!r} is not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ThresholdFileError(f"thresholds file {p!r} has {st.st_size} bytes, more than the "
+                                     f"{MAX_FILE_BYTES} a thresholds file can need (corrupt?)")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+            if total > MAX_FILE_BYTES:
+                raise ThresholdFileError(f"thresholds file {p!r} grew beyond {MAX_FILE_BYTES} bytes while read")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ThresholdFileError(f"cannot read thresholds file {p!r}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _parse_json(data: bytes, p: str) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ThresholdFileError(f"thresholds file {p!r} is not UTF-8 text (corrupt?)") from None
+    if not text.strip():
+        raise ThresholdFileError(f"thresholds file {p!r} is empty")
+    try:
+        return json.loads(text, parse_float=_parse_float, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ThresholdFileError(f"thresholds file {p!r} is not valid JSON (corrupt or truncated?): {e}") from None
+    except RecursionError:
+        raise ThresholdFileError(f"thresholds file {p!r} is nested too deeply to be a thresholds file") from None
+    except MemoryError:
+        raise ThresholdFileError(f"thresholds file {p!r} is too large to parse") from None
+    except ValueError as e:  # NaN/Infinity, 1e400, an integer of more than 4300 digits
+        msg = str(e).split(":")[0] if "integer string conversion" in str(e) else str(e)
+        raise ThresholdFileError(f"thresholds file {p!r} holds a value that is not a valid number: {msg}") from None
 
 
 @dataclass(frozen=True)
@@ -97,9 +212,9 @@ class ThresholdTable:
     num_models: int
     max_concurrency: int
     complete: bool
-    thresholds: tuple  # thresholds[n - 1] = B*(n), a tuple of num_models ints
+    thresholds: tuple  # thresholds[n - 1] = B*(n), a tuple of num_models ints (extrapolated rows included)
     fallback_thresholds: tuple
-    predicted_tok_s: tuple = ()
+    predicted_tok_s: tuple = ()  # per computed row, when every computed row has it
     eager_tok_s: tuple = ()
     model_names: tuple | None = None
     delta_ms: float | None = None
@@ -108,16 +223,28 @@ class ThresholdTable:
     source: str = "file"  # "file", "memory" or "fallback"
     path: str | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    certificates: tuple = ()  # per row: one of CERTIFICATES, or None (schema_version 1 files)
+    gaps: tuple = ()  # per row: relative gap of a certified row (0.0 when exact), None when unknown
+    schema_version: int = THRESHOLDS_SCHEMA_VERSION
 
     @property
     def covered_concurrency(self) -> int:
-        """Largest N with a computed entry (``K``); ``lookup`` clamps larger counts to it."""
+        """Largest N with a computed row (``K``); rows above are extrapolated or absent."""
+        if self.certificates:
+            return sum(1 for c in self.certificates if c != "extrapolated")
         return len(self.thresholds)
+
+    def certificate(self, active_requests: int) -> str | None:
+        """How the row used by ``lookup(active_requests)`` was obtained (None: unknown, or the fallback)."""
+        if not self.certificates:
+            return None
+        n = min(max(int(active_requests), 1), len(self.certificates))
+        return self.certificates[n - 1]
 
     def lookup(self, active_requests: int) -> tuple:
         """Threshold vector for ``active_requests`` requests active in the whole system."""
         if not _is_int(active_requests):
-            raise ValueError(f"active_requests must be an integer, got {active_requests!r}")
+            raise ValueError(f"active_requests must be an integer, got {_short(active_requests)}")
         if active_requests < 0:
             raise ValueError(f"active_requests must be >= 0, got {active_requests}")
         n = min(max(active_requests, 1), len(self.thresholds))
@@ -134,41 +261,44 @@ class ThresholdTable:
     def eager(cls, num_models: int, max_concurrency: int = 1) -> "ThresholdTable":
         """The eager fallback (every model launches as soon as one request waits)."""
         if not _is_int(num_models) or num_models < 1:
-            raise ValueError(f"num_models must be an integer >= 1, got {num_models!r}")
-        if not _is_int(max_concurrency) or max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+            raise ValueError(f"num_models must be an integer >= 1, got {_short(num_models)}")
+        if not _is_int(max_concurrency) or not 1 <= max_concurrency <= MAX_CONCURRENCY_LIMIT:
+            raise ValueError(f"max_concurrency must be an integer in 1..{MAX_CONCURRENCY_LIMIT}, "
+                             f"got {_short(max_concurrency)}")
         ones = (1,) * num_models
         return cls(num_models=num_models, max_concurrency=max_concurrency, complete=True,
                    thresholds=(ones,) * max_concurrency, fallback_thresholds=ones, source="fallback")
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, require_concurrency: int | None = None) -> "ThresholdTable":
-        """Read and validate a thresholds file.
+        """Read and validate a thresholds file; raises :class:`ThresholdFileError` only.
 
-        ``require_concurrency``: fail unless the file covers N = 1..require_concurrency
-        (use it when the server must not run on a partial table).
+        ``require_concurrency``: fail unless the file has computed rows for
+        N = 1..require_concurrency (use it when the server must not run on a
+        partial table).
         """
         p = os.fspath(path)
-        try:
-            with open(p, "r", encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise ThresholdFileError(f"thresholds file {p!r} does not exist") from None
-        except OSError as e:
-            raise ThresholdFileError(f"cannot read thresholds file {p!r}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ThresholdFileError(f"thresholds file {p!r} is not UTF-8 text (corrupt?)") from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ThresholdFileError(f"thresholds file {p!r} is not valid JSON (corrupt or truncated?): {e}") from None
+        doc = _parse_json(_read_bytes(p), p)
         return cls.from_dict(doc, where=f"thresholds file {p!r}", path=p, require_concurrency=require_concurrency)
 
     @classmethod
     def from_dict(cls, doc: Any, *, where: str = "thresholds", path: str | None = None,
                   require_concurrency: int | None = None) -> "ThresholdTable":
-        """Validate a parsed thresholds document (see the module docstring for the rules)."""
+        """Validate a parsed thresholds document (see the module docstring); raises ThresholdFileError only."""
+        if require_concurrency is not None and (not _is_int(require_concurrency) or require_concurrency < 1):
+            raise ValueError(f"require_concurrency must be an integer >= 1, got {_short(require_concurrency)}")
+        try:
+            return cls._validate(doc, where, path, require_concurrency)
+        except ThresholdFileError:
+            raise
+        except RecursionError:
+            raise ThresholdFileError(f"{where}: nested too deeply to be a thresholds document") from None
+        except Exception as e:  # noqa: BLE001 - the contract: a bad document is a ThresholdFileError
+            raise ThresholdFileError(f"{where}: unreadable document (unexpected {type(e).__name__}: "
+                                     f"{_short(str(e))})") from None
 
+    @classmethod
+    def _validate(cls, doc: Any, where: str, path: str | None, require_concurrency: int | None):
         def fail(msg: str) -> ThresholdFileError:
             return ThresholdFileError(f"{where}: {msg}")
 
@@ -177,94 +307,157 @@ class ThresholdTable:
         if "schema_version" not in doc:
             raise fail("missing field 'schema_version'")
         ver = doc["schema_version"]
-        if ver != THRESHOLDS_SCHEMA_VERSION or not _is_int(ver):
-            raise fail(f"unsupported schema_version {ver!r} (this reader supports {THRESHOLDS_SCHEMA_VERSION})")
-        if doc.get("format", THRESHOLDS_FORMAT) != THRESHOLDS_FORMAT:
-            raise fail(f"'format' must be {THRESHOLDS_FORMAT!r}, got {doc.get('format')!r}")
+        if not _is_int(ver) or ver not in READABLE_SCHEMA_VERSIONS:
+            raise fail(f"unsupported schema_version {_short(ver)} (this reader supports "
+                       f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})")
+        fmt = doc.get("format", THRESHOLDS_FORMAT)
+        if not isinstance(fmt, str) or fmt != THRESHOLDS_FORMAT:
+            raise fail(f"'format' must be {THRESHOLDS_FORMAT!r}, got {_short(fmt)}")
         for key in ("num_models", "max_concurrency", "complete", "entries", "fallback_thresholds"):
             if key not in doc:
                 raise fail(f"missing field {key!r}")
         M = doc["num_models"]
         if not _is_int(M) or M < 1:
-            raise fail(f"'num_models' must be an integer >= 1, got {M!r}")
+            raise fail(f"'num_models' must be an integer >= 1, got {_short(M)}")
         nmax = doc["max_concurrency"]
-        if not _is_int(nmax) or nmax < 1:
-            raise fail(f"'max_concurrency' must be an integer >= 1, got {nmax!r}")
+        if not _is_int(nmax) or not 1 <= nmax <= MAX_CONCURRENCY_LIMIT:
+            raise fail(f"'max_concurrency' must be an integer in 1..{MAX_CONCURRENCY_LIMIT}, got {_short(nmax)}")
         complete = doc["complete"]
         if not isinstance(complete, bool):
-            raise fail(f"'complete' must be true or false, got {complete!r}")
+            raise fail(f"'complete' must be true or false, got {_short(complete)}")
 
         def vector(v: Any, name: str, n: int | None) -> tuple:
             if not isinstance(v, list):
-                raise fail(f"{name} must be a list of {M} integers")
+                raise fail(f"{name} must be a list of {M} integers, got {_short(v)}")
             if len(v) != M:
                 raise fail(f"{name} has {len(v)} entries, expected num_models = {M}")
             for i, b in enumerate(v):
                 if not _is_int(b) or b < 1:
-                    raise fail(f"{name}[{i}] must be an integer >= 1, got {b!r}")
-            if n is not None and sum(b - 1 for b in v) >= n:
-                raise fail(f"{name} = {v} is infeasible for N = {n}: sum(B_i - 1) = "
-                           f"{sum(b - 1 for b in v)} must be < N (it could deadlock)")
+                    raise fail(f"{name}[{i}] must be an integer >= 1, got {_short(b)}")
+            if n is not None:
+                extra = sum(b - 1 for b in v)
+                if extra >= n:
+                    raise fail(f"{name} = {_short(v)} is infeasible for N = {n}: sum(B_i - 1) = "
+                               f"{_short(extra)} must be < N (it could deadlock)")
             return tuple(v)
+
+        def number(e: dict, key: str, name: str, *, nullable: bool, minimum: float = 0.0) -> float | None:
+            v = e.get(key)
+            if v is None:
+                if key in e and not nullable:
+                    raise fail(f"{name}.{key} must be a finite number >= {minimum:g}, got null")
+                return None
+            if not _is_num(v) or v < minimum:
+                raise fail(f"{name}.{key} must be a finite number >= {minimum:g}, got {_short(v)}")
+            return float(v)
 
         fallback = vector(doc["fallback_thresholds"], "'fallback_thresholds'", None)
         entries = doc["entries"]
         if not isinstance(entries, list):
-            raise fail("'entries' must be a list")
+            raise fail(f"'entries' must be a list, got {_short(entries)}")
         if not entries:
             raise fail("'entries' is empty: the table covers no N (need at least N = 1)")
         if len(entries) > nmax:
             raise fail(f"'entries' has {len(entries)} rows but max_concurrency is {nmax}")
-        ths, pred, eag = [], [], []
+        ths, pred, eag, certs, gaps = [], [], [], [], []
+        first_extrapolated = None
         for k, e in enumerate(entries):
             name = f"entries[{k}]"
             if not isinstance(e, dict):
-                raise fail(f"{name} must be an object")
+                raise fail(f"{name} must be an object, got {_short(e)}")
             for key in ("active_requests", "thresholds"):
                 if key not in e:
                     raise fail(f"{name} is missing field {key!r}")
             n = e["active_requests"]
             if not _is_int(n) or n != k + 1:
                 raise fail(f"{name}.active_requests must be {k + 1} (entries cover N = 1, 2, ... without gaps), "
-                           f"got {n!r}")
+                           f"got {_short(n)}")
             ths.append(vector(e["thresholds"], f"{name}.thresholds", n))
+            cert = None
+            if ver >= 2:
+                if "certificate" not in e:
+                    raise fail(f"{name} is missing field 'certificate'")
+                cert = e["certificate"]
+                if not isinstance(cert, str) or cert not in CERTIFICATES:
+                    raise fail(f"{name}.certificate must be one of {', '.join(CERTIFICATES)}, got {_short(cert)}")
+            certs.append(cert)
+            if cert == "extrapolated":
+                if first_extrapolated is None:
+                    first_extrapolated = k
+                src = e.get("extrapolated_from")
+                if src is None:
+                    expect = (1,) * M
+                elif not _is_int(src) or not 1 <= src <= first_extrapolated:
+                    raise fail(f"{name}.extrapolated_from must be a computed row's N in 1..{first_extrapolated} "
+                               f"or null, got {_short(src)}")
+                else:
+                    expect = ths[src - 1]
+                if ths[-1] != expect:
+                    raise fail(f"{name}.thresholds = {list(ths[-1])} is not the vector of the row it is "
+                               f"extrapolated from ({list(expect)})")
+                gaps.append(None)
+                continue
+            if first_extrapolated is not None:
+                raise fail(f"{name} is computed but follows the extrapolated row entries[{first_extrapolated}] "
+                           f"(extrapolated rows must come last)")
             for key, acc in (("predicted_tok_s", pred), ("eager_tok_s", eag)):
-                if key in e:
-                    if not _is_num(e[key]) or e[key] < 0:
-                        raise fail(f"{name}.{key} must be a finite number >= 0, got {e[key]!r}")
-                    acc.append(float(e[key]))
-        if complete and len(ths) != nmax:
-            raise fail(f"'complete' is true but 'entries' cover N = 1..{len(ths)}, not 1..{nmax} (max_concurrency)")
-        if require_concurrency is not None and len(ths) < require_concurrency:
-            raise fail(f"the table covers N = 1..{len(ths)} but N = 1..{require_concurrency} was required "
+                v = number(e, key, name, nullable=False)
+                if v is not None:
+                    acc.append(v)
+            gap = None
+            if ver >= 2:
+                up = number(e, "upper_bound_tok_s", name, nullable=True)
+                gap = number(e, "gap", name, nullable=True)
+                if cert in ("exhaustive", "pruned-exact") and gap is None:
+                    gap = 0.0
+                if cert == "certified" and gap is None:
+                    raise fail(f"{name} is certified but has no 'gap'")
+                if up is not None and "predicted_tok_s" in e and up < float(e["predicted_tok_s"]) * (1 - 1e-9):
+                    raise fail(f"{name}.upper_bound_tok_s = {up:g} is below predicted_tok_s = "
+                               f"{float(e['predicted_tok_s']):g}")
+            gaps.append(gap)
+        computed = len(ths) if first_extrapolated is None else first_extrapolated
+        if complete and (len(ths) != nmax or computed != len(ths)):
+            raise fail(f"'complete' is true but the computed rows cover N = 1..{computed}, not 1..{nmax} "
+                       f"(max_concurrency)")
+        if require_concurrency is not None and computed < require_concurrency:
+            raise fail(f"the table covers N = 1..{computed} but N = 1..{require_concurrency} was required "
                        f"(complete = {str(complete).lower()})")
         names = doc.get("model_names")
         if names is not None:
             if not isinstance(names, list) or len(names) != M or not all(isinstance(s, str) for s in names):
-                raise fail(f"'model_names' must be a list of {M} strings")
+                raise fail(f"'model_names' must be a list of {M} strings, got {_short(names)}")
             names = tuple(names)
         delta = doc.get("delta_ms")
         if delta is not None and (not _is_num(delta) or delta <= 0):
-            raise fail(f"'delta_ms' must be a number > 0, got {delta!r}")
+            raise fail(f"'delta_ms' must be a number > 0, got {_short(delta)}")
         digest = doc.get("spec_sha256")
+        if digest is not None and not isinstance(digest, str):
+            raise fail(f"'spec_sha256' must be a string, got {_short(digest)}")
         if "spec" in doc:
             if not isinstance(doc["spec"], dict):
-                raise fail("'spec' must be an object")
+                raise fail(f"'spec' must be an object, got {_short(doc['spec'])}")
             if digest is None:
                 raise fail("'spec' is present but 'spec_sha256' is missing")
-            if spec_sha256(doc["spec"]) != digest:
+            try:
+                actual = spec_sha256(doc["spec"])
+            except ValueError:
+                raise fail("'spec' holds a value JSON cannot represent (NaN or infinity)") from None
+            if actual != digest:
                 raise fail("'spec_sha256' does not match the embedded 'spec' (edited or corrupt file)")
         prov = doc.get("provenance", {})
         if not isinstance(prov, dict):
-            raise fail("'provenance' must be an object")
+            raise fail(f"'provenance' must be an object, got {_short(prov)}")
         inputs = prov.get("inputs_sha256")
         return cls(num_models=M, max_concurrency=nmax, complete=complete, thresholds=tuple(ths),
                    fallback_thresholds=fallback,
-                   predicted_tok_s=tuple(pred) if len(pred) == len(ths) else (),
-                   eager_tok_s=tuple(eag) if len(eag) == len(ths) else (),
+                   predicted_tok_s=tuple(pred) if len(pred) == computed else (),
+                   eager_tok_s=tuple(eag) if len(eag) == computed else (),
                    model_names=names, delta_ms=None if delta is None else float(delta), spec_sha256=digest,
                    inputs_sha256=inputs if isinstance(inputs, str) else None,
-                   source="file" if path is not None else "memory", path=path, provenance=prov)
+                   source="file" if path is not None else "memory", path=path, provenance=prov,
+                   certificates=tuple(certs) if ver >= 2 else (), gaps=tuple(gaps) if ver >= 2 else (),
+                   schema_version=ver)
 
 
 class WatchedThresholds:
@@ -272,9 +465,12 @@ class WatchedThresholds:
 
     ``lookup`` checks the file's modification time at most every
     ``check_interval_s`` seconds and reloads it when it changed.  The first
-    load must succeed (a missing or invalid file raises); a later invalid
-    replacement keeps the previous table and is reported in ``last_error``
-    (a running server should not lose its thresholds because of a bad write).
+    load must succeed (a missing or invalid file raises ThresholdFileError); a
+    later replacement that cannot be read, whatever it holds, keeps the
+    previous table and is reported in ``last_error``: ``lookup`` and
+    ``refresh`` never raise for a file problem.  Other attributes
+    (``complete``, ``covered_concurrency``, ``certificate(n)``...) are the
+    current table's.
     """
 
     def __init__(self, path: str | os.PathLike, check_interval_s: float = 1.0):
@@ -285,11 +481,16 @@ class WatchedThresholds:
         self._stamp = self._stat()
         self._checked = time.monotonic()
 
+    def __getattr__(self, name: str):
+        if name == "table":  # not yet set: __init__ failed
+            raise AttributeError(name)
+        return getattr(self.table, name)
+
     def _stat(self):
         try:
             st = os.stat(self.path)
             return (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
+        except (OSError, ValueError):
             return None
 
     def refresh(self) -> bool:
@@ -299,11 +500,12 @@ class WatchedThresholds:
         if stamp is None or stamp == self._stamp:
             return False
         try:
-            self.table = ThresholdTable.load(self.path)
-        except ThresholdFileError as e:
-            self.last_error = str(e)
+            table = ThresholdTable.load(self.path)
+        except Exception as e:  # noqa: BLE001 - a running server keeps its last good table
+            self.last_error = str(e) if isinstance(e, ThresholdFileError) else f"{type(e).__name__}: {_short(e)}"
             self._stamp = stamp
             return False
+        self.table = table
         self._stamp = stamp
         self.last_error = None
         return True

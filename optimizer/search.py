@@ -1,42 +1,70 @@
-r"""Exhaustive search of the best delayed-batching thresholds.
+r"""Search of the best delayed-batching thresholds B* = argmax T(B), with a certificate.
 
 The feasible set is :math:`\{B \in \mathbb{Z}_{\ge1}^M : \sum_i (B_i-1) < N\}`
-(larger thresholds can leave every model idle and waiting: deadlock).  For
-M = 2 it has N(N+1)/2 members.  ``B* = argmax T(B)``; candidates within a
+(:mod:`tr_core.feasibility`: the rule, the closed-form count
+``binom(N - 1 + M, M)`` and the direct enumeration).  Candidates within a
 relative 1e-9 of the best throughput are ties and go to the lexicographically
 smallest B, so the answer does not depend on solver noise or evaluation order.
 The eager baseline is B = (1, ..., 1).
+
+Search modes (``search=``), each result saying how it was obtained
+(:attr:`Optimum.certificate`):
+
+``exhaustive``
+    every feasible vector is evaluated (certificate ``"exhaustive"``).
+``pruned``
+    exact: vectors are evaluated in an order guided by observed structure
+    (nearest to a start vector first), and a vector is skipped only when a
+    *proven* upper bound on its throughput (:mod:`optimizer.bounds`) is below
+    the best throughput found so far by more than the tie tolerance, so the
+    answer equals the exhaustive one (certificate ``"pruned-exact"``).
+``certified``
+    like ``pruned`` but a vector is also skipped when its bound is within
+    ``max_gap`` of the best found, and the search may stop at ``time_budget_s``;
+    the result carries the largest bound over every vector not evaluated,
+    so ``gap = (upper_bound - throughput) / upper_bound`` is a number
+    (certificate ``"certified"``; ``"pruned-exact"`` when nothing was left).
+``local``
+    steepest ascent over the +-1 neighbours (a heuristic); its
+    ``upper_bound_tok_s`` is still a proven bound, so its gap is honest
+    (certificate ``"local"``).
+``auto``
+    ``exhaustive`` while the feasible set is small, otherwise ``certified``
+    with ``max_gap`` (``"pruned-exact"`` when the bounds close the gap).
+
+Every search refuses, before any enumeration, to evaluate more than
+``max_evaluations`` vectors (counted in closed form), with
+:class:`tr_core.feasibility.TooManyEvaluations` (exit code 3).
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from optimizer.evaluate import Evaluation, evaluate_thresholds
+from tr_core import feasibility as F
 from tr_core.errors import SpecError
 from tr_core.spec import SystemSpec
 
 TIE_RTOL = 1e-9
+DEFAULT_MAX_GAP = 0.005
+SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
+CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
+# ``auto`` searches exhaustively up to this many vectors (about N = 20 for two models)
+AUTO_EXHAUSTIVE_MAX = 210
 
 
-def feasible_thresholds(M: int, N: int) -> list[tuple[int, ...]]:
-    """All B with B_i >= 1 and sum(B_i - 1) < N, in lexicographic order."""
-    if N < 1:
-        raise SpecError(f"N must be >= 1, got {N}")
-    out = []
-    for extra in itertools.product(range(N), repeat=M):
-        if sum(extra) < N:
-            out.append(tuple(e + 1 for e in extra))
-    return out
+def feasible_thresholds(M: int, N: int, max_count: int | None = None) -> list[tuple[int, ...]]:
+    """All B with B_i >= 1 and sum(B_i - 1) < N, in lexicographic order (generated directly)."""
+    return list(F.iter_feasible(N, M, max_count=max_count))
 
 
 def count_feasible(M: int, N: int) -> int:
-    """|{B : sum(B_i - 1) < N}| = C(N - 1 + M, M)."""
-    from math import comb
-    return comb(N - 1 + M, M)
+    """|{B : sum(B_i - 1) < N}| = C(N - 1 + M, M) (argument order kept from earlier releases)."""
+    return F.count_feasible(N, M)
 
 
 def pick_best(evals: Sequence[Evaluation]) -> Evaluation:
@@ -48,7 +76,16 @@ def pick_best(evals: Sequence[Evaluation]) -> Evaluation:
 
 @dataclass(frozen=True)
 class Optimum:
-    """The best thresholds at one N, the eager baseline, and every evaluated B."""
+    """The best thresholds at one N, the eager baseline, every evaluated B, and how B* was certified.
+
+    ``certificate``: ``"exhaustive"``, ``"pruned-exact"`` (exact: every vector
+    not evaluated was proven worse), ``"certified"`` (best found, with a proven
+    ``upper_bound_tok_s`` over every feasible vector and the relative ``gap``)
+    or ``"local"`` (heuristic; the bound and gap are still proven).
+    ``pruned_by``: bound name -> number of vectors it excluded;
+    ``unresolved``: vectors neither evaluated nor pruned (time budget), covered
+    only by the bound in ``upper_bound_tok_s``.
+    """
 
     N: int
     best_B: tuple[int, ...]
@@ -62,24 +99,45 @@ class Optimum:
     seconds: float
     evaluated: int
     best: Evaluation
-    eager: Evaluation
+    eager: Evaluation | None
     evaluations: tuple[Evaluation, ...] = field(repr=False, default=())
+    certificate: str = "exhaustive"
+    upper_bound_tok_s: float = float("nan")
+    gap: float = 0.0
+    pruned: int = 0
+    pruned_by: Mapping[str, int] = field(default_factory=dict)
+    unresolved: int = 0
+    pruned_vectors: tuple = field(repr=False, default=(), compare=False)   # (B, bound name, bound tok/s)
+
+    def __post_init__(self):
+        if math.isnan(self.upper_bound_tok_s):
+            object.__setattr__(self, "upper_bound_tok_s", float(self.throughput_tok_s))
 
     @property
     def table(self):
         return evaluations_table(self.evaluations)
 
+    @property
+    def exact(self) -> bool:
+        return self.certificate in ("exhaustive", "pruned-exact")
+
     def to_dict(self) -> dict:
         return {
             "N": self.N, "B": list(self.best_B), "throughput_tok_s": self.throughput_tok_s,
-            "eager_throughput_tok_s": self.eager_throughput_tok_s, "gain_vs_eager": self.gain_vs_eager,
+            "eager_throughput_tok_s": _num(self.eager_throughput_tok_s), "gain_vs_eager": _num(self.gain_vs_eager),
             "per_request_tok_s": self.best.per_request_tok_s,
             "mean_waiting": list(self.best.mean_waiting),
             "admission_latency_ms": self.best.to_dict()["admission_latency_ms"],
             "states": self.states, "transitions": self.transitions, "residual": self.residual,
             "max_residual": max(e.residual for e in self.evaluations) if self.evaluations else self.residual,
             "solver": self.solver, "evaluated": self.evaluated, "seconds": self.seconds,
+            "certificate": self.certificate, "upper_bound_tok_s": self.upper_bound_tok_s, "gap": self.gap,
+            "pruned": self.pruned, "pruned_by": dict(self.pruned_by), "unresolved": self.unresolved,
         }
+
+
+def _num(x: float):
+    return None if x is None or not math.isfinite(x) else x
 
 
 def evaluations_table(evals: Iterable[Evaluation]):
@@ -116,61 +174,98 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
 
 
 def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
+                        search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
+                        time_budget_s: float | None = None, max_evaluations: int | None = None,
+                        start: Sequence[int] | None = None, eager: bool = True,
                         workers: int = 1, executor=None, progress=None, **kw) -> Optimum:
-    """B* at concurrency N by exhaustive search of the feasible set (or of ``candidates``)."""
-    t0 = time.perf_counter()
-    N = int(N)
-    cands = feasible_thresholds(spec.M, N) if candidates is None else [tuple(c) for c in candidates]
-    eager_B = (1,) * spec.M
-    if eager_B not in cands:
-        cands = [eager_B] + cands
-    evals = evaluate_many(spec, [(N, B) for B in cands], workers=workers, executor=executor,
-                          progress=progress, **kw)
-    return _optimum(N, evals, time.perf_counter() - t0)
+    """B* at concurrency N (see the module docstring for ``search``).
+
+    ``candidates`` restricts the search to the given vectors (the bounds then
+    hold over those).  ``start``: a vector to begin near (e.g. B*(N-1)); it
+    only orders the work.  ``eager=False`` skips the eager baseline in the
+    pruned/certified modes (its chain is the largest; the eager fields are NaN).
+    """
+    N = F.check_n(N)
+    search = _check_search(search)
+    if not (0.0 <= max_gap < 1.0):
+        raise SpecError(f"max_gap must be in [0, 1), got {max_gap!r}")
+    total = (F.count_feasible(N, spec.M) if candidates is None else len(candidates))
+    if search == "auto":
+        search = "exhaustive" if total <= AUTO_EXHAUSTIVE_MAX and time_budget_s is None else "certified"
+    if search == "local":
+        return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress, **kw)
+    if search == "exhaustive":
+        F.check_count(total, max_evaluations, N=N, M=spec.M)
+        t0 = time.perf_counter()
+        cands = (feasible_thresholds(spec.M, N) if candidates is None
+                 else [F.check_thresholds(c, N, spec.M) for c in candidates])
+        eager_B = (1,) * spec.M
+        if eager_B not in cands:
+            cands = [eager_B] + cands
+        evals = evaluate_many(spec, [(N, B) for B in cands], workers=workers, executor=executor,
+                              progress=progress, **kw)
+        return _optimum(N, evals, time.perf_counter() - t0)
+    from optimizer.branch import branch_and_bound
+    return branch_and_bound(spec, N, candidates=candidates, max_gap=0.0 if search == "pruned" else max_gap,
+                            time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
+                            eager=eager, workers=workers, executor=executor, progress=progress, **kw)
 
 
-def _optimum(N: int, evals: Sequence[Evaluation], seconds: float) -> Optimum:
+def _check_search(search: str) -> str:
+    if search not in SEARCHES:
+        raise SpecError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
+    return search
+
+
+def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Optimum:
     best = pick_best(evals)
-    eager = next(e for e in evals if all(b == 1 for b in e.B))
+    eager = next((e for e in evals if all(b == 1 for b in e.B)), None)
+    eager_thr = eager.throughput_tok_s if eager is not None else float("nan")
     return Optimum(N=N, best_B=best.B, throughput_tok_s=best.throughput_tok_s,
-                   eager_throughput_tok_s=eager.throughput_tok_s,
-                   gain_vs_eager=best.throughput_tok_s / eager.throughput_tok_s,
+                   eager_throughput_tok_s=eager_thr,
+                   gain_vs_eager=best.throughput_tok_s / eager_thr if eager is not None else float("nan"),
                    states=best.states, transitions=best.transitions, residual=best.residual,
                    solver=best.solver, seconds=seconds, evaluated=len(evals), best=best, eager=eager,
-                   evaluations=tuple(evals))
+                   evaluations=tuple(evals), **extra)
 
 
 def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, executor=None, progress=None,
-                   search: str = "exhaustive", **kw) -> list[Optimum]:
-    """B* for every N in ``Ns``; all evaluations of the sweep share one pool.
+                   search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
+                   time_budget_s: float | None = None, max_evaluations: int | None = None,
+                   **kw) -> list[Optimum]:
+    """B* for every N in ``Ns``.
 
-    ``search='local'`` uses :func:`optimize_local` for each N in increasing
-    order, started from the previous N's B* (a heuristic).
+    ``exhaustive``: all evaluations of the sweep share one pool.  Other modes
+    run N in increasing order, each started near the previous N's B*
+    (``time_budget_s`` is per N).  ``max_evaluations`` caps the whole sweep's
+    vectors for ``exhaustive`` (closed form, checked first) and each N's for
+    the other modes.
     """
-    if search == "local":
-        out, prev = [], None
-        for N in sorted(int(n) for n in Ns):
-            o = optimize_local(spec, N, start=prev, workers=workers, executor=executor, **kw)
-            prev = o.best_B
-            out.append(o)
-            if progress:
-                progress(len(out), len(Ns))
-        by_n = {o.N: o for o in out}
-        return [by_n[int(N)] for N in Ns]
-    if search != "exhaustive":
-        raise SpecError(f"--search must be 'exhaustive' or 'local', got {search!r}")
-    t0 = time.perf_counter()
-    tasks = []
-    for N in Ns:
-        cands = feasible_thresholds(spec.M, int(N))
-        tasks.extend((int(N), B) for B in cands)
-    evals = evaluate_many(spec, tasks, workers=workers, executor=executor, progress=progress, **kw)
-    by_n: dict[int, list[Evaluation]] = {}
-    for e in evals:
-        by_n.setdefault(e.N, []).append(e)
-    seconds = time.perf_counter() - t0
-    del seconds
-    return [_optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])) for N in Ns]
+    search = _check_search(search)
+    Ns = [F.check_n(n) for n in Ns]
+    if search == "exhaustive":
+        total = sum(F.count_feasible(n, spec.M) for n in Ns)
+        F.check_count(total, max_evaluations, M=spec.M)
+        tasks = []
+        for N in Ns:
+            tasks.extend((int(N), B) for B in F.iter_feasible(N, spec.M))
+        evals = evaluate_many(spec, tasks, workers=workers, executor=executor, progress=progress, **kw)
+        by_n: dict[int, list[Evaluation]] = {}
+        for e in evals:
+            by_n.setdefault(e.N, []).append(e)
+        return [_optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])) for N in Ns]
+    out: dict[int, Optimum] = {}
+    prev = None
+    order = sorted(set(Ns))
+    for k, N in enumerate(order):
+        o = optimize_thresholds(spec, N, search=search, max_gap=max_gap, time_budget_s=time_budget_s,
+                                max_evaluations=max_evaluations, start=prev, workers=workers,
+                                executor=executor, **kw)
+        prev = o.best_B
+        out[N] = o
+        if progress:
+            progress(k + 1, len(order))
+    return [out[N] for N in Ns]
 
 
 def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = None, workers: int = 1,
@@ -181,14 +276,17 @@ def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = No
     over the feasible set.  It evaluates far fewer chains (typically
     O(M * N) rather than O(N^M)); ``benchmarks/bench_dtmc.py local`` checks it
     against the exhaustive search.  The result's ``evaluated`` counts the
-    chains it solved; ``table`` lists them.  Ties follow the same rule.
+    chains it solved; ``table`` lists them; ``upper_bound_tok_s`` is the
+    proven no-wait bound, so ``gap`` says how far from certain it is.
     """
+    from optimizer.bounds import gap as rel_gap, no_wait_bound
+
     t0 = time.perf_counter()
     N = int(N)
     M = spec.M
     eager = (1,) * M
     cur = tuple(int(b) for b in start) if start is not None else eager
-    if len(cur) != M or any(b < 1 for b in cur) or sum(b - 1 for b in cur) >= N:
+    if len(cur) != M or not F.is_feasible(cur, N):
         cur = eager
     seen: dict[tuple[int, ...], Evaluation] = {}
 
@@ -205,7 +303,7 @@ def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = No
             for step in (-1, 1):
                 b = list(cur)
                 b[i] += step
-                if b[i] >= 1 and sum(x - 1 for x in b) < N:
+                if F.is_feasible(b, N):
                     nbrs.append(tuple(b))
         run(nbrs)
         best = pick_best([seen[c] for c in [cur] + nbrs])
@@ -215,4 +313,7 @@ def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = No
             break
         cur = best.B
     evals = sorted(seen.values(), key=lambda e: e.B)
-    return _optimum(N, evals, time.perf_counter() - t0)
+    top = pick_best(evals).throughput_tok_s
+    ub = max(top, no_wait_bound(spec, N, round_to_grid=kw.get("round_to_grid", False)).value_tok_s)
+    return _optimum(N, evals, time.perf_counter() - t0, certificate="local", upper_bound_tok_s=ub,
+                    gap=rel_gap(ub, top), unresolved=F.count_feasible(N, M) - len(evals))

@@ -12,9 +12,10 @@ id of every request in the batch (or ``None`` when no real tokens exist).
   timeout granularity), so ``time_scale`` must make the shortest step long
   enough for the overshoot to be a small fraction (``time_scale = 20`` gives a
   120 ms step for L = 6 ms, i.e. about 0.5 %).
-* ``profiler.runtime_executor.TorchExecutor`` (loaded lazily by
-  :func:`torch_executor`, since only ``profiler/`` may import torch) runs a
-  real forward pass of a causal LM per step, on CPU or CUDA.
+* :class:`tr_model.runtime.torch_executor.TorchExecutor` (loaded lazily by
+  :func:`torch_executor`: the only runtime module that imports torch) runs
+  Qwen3 models with per-model slot KV caches, catch-up extends and, on CUDA,
+  graph-replayed steps.
 """
 
 from __future__ import annotations
@@ -74,6 +75,6 @@ class EmulatedExecutor(StepExecutor):
 
 
 def torch_executor(*args, **kwargs):
-    """Build ``profiler.runtime_executor.TorchExecutor`` (imports torch only when called)."""
-    from profiler.runtime_executor import TorchExecutor
+    """Build :class:`tr_model.runtime.torch_executor.TorchExecutor` (imports torch only when called)."""
+    from tr_model.runtime.torch_executor import TorchExecutor
     return TorchExecutor(*args, **kwargs)

@@ -541,6 +541,722 @@ def _job_remove(jobs, n_jobs, job_pos, i, s, sm, M, mm):
     job_pos[sm] = -1
 
 
+
+# ============================================================================ event helpers of the simulator
+# Each helper is one event (or one phase of an iteration) of :func:`simulate`; they share its state arrays.
+# The per-iteration scalars travel in two scratch vectors (``itf`` float, ``iti`` int) so that the phases of
+# one iteration hand their running sums to each other without long return tuples.
+
+F_DCTX = 0          # itf: sum of decode contexts
+F_PT = 1            # prefill tokens of the batch (shadow included once added)
+F_PP = 2            # causal query-key pairs
+F_PK = 3            # KV read by prefill chunks
+F_NC = 4            # prefill chunks
+F_PT_NORM = 5       # prefill tokens per class
+F_PT_ROUTED = 6
+F_PT_EAGER = 7
+F_NEXT_READY = 8    # earliest host/network reload completion among running requests
+F_SIZE = 9
+I_ND = 0            # iti: decodes in the batch
+I_NPF = 1           # prefill chunks in the batch
+I_NRUN = 2          # running requests
+I_BUDGET = 3        # token budget left
+I_ROUTED = 4        # a routed call is in the batch
+I_BLOCKED = 5       # an admission was blocked by memory
+I_SIZE = 6
+
+
+@nb.njit(cache=True)
+def _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mode, host, oracle,
+                inst_model, inst_dedicated, inst_pcie, inst_xfer, tok_time, busy_until, inst_next, pend_tok,
+                q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_pend,
+                c_sess, c_model, c_prompt, c_hist, c_switch, c_out, c_int, s_offsets, s_active, s_cur, s_target,
+                sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs, job_pos,
+                ent, lists, used, free_stack, nfree, gstats):
+    """Call ``c`` is issued: start its session, cut rewritten histories, route it, queue it, wake shadow targets.
+
+    Returns the number of eager shadow requests created so far.
+    """
+    s = c_sess[c]
+    m = c_model[c]
+    h = c_hist[c]
+    if c == s_offsets[s]:
+        s_active[s] = True
+        for mm in range(M):  # sticky instance per model: the one with the fewest sessions
+            bi = -1
+            for i in range(I):
+                if inst_model[i] == mm and not inst_dedicated[i]:
+                    if bi < 0 or n_sticky[i] < n_sticky[bi]:
+                        bi = i
+            sticky[s * M + mm] = bi
+            n_sticky[bi] += 1
+            _job_add(jobs, n_jobs, job_pos, ded_of[mm] if ded_mode else bi, s, s * M + mm)
+    for mm in range(M):
+        _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[s * M + mm], h)
+        _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_host[s * M + mm], h)
+        if ded_mode:
+            _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[SM + s * M + mm], h)
+    s_cur[s] = c
+    s_target[s] = c_prompt[c]
+    # route: lowest estimated prefill completion counting only uncached tokens
+    P = c_prompt[c]
+    best = -1
+    best_t = INF
+    best_hit = 0
+    for i in range(I):
+        if inst_model[i] != m:
+            continue
+        is_sticky = sticky[s * M + m] == i
+        if inst_dedicated[i]:
+            continue
+        hit = 0
+        extra = 0.0
+        if is_sticky:
+            e = sm_hbm[s * M + m]
+            if e >= 0:
+                hit = min(ent[E_TOK, e], h)
+            if host:
+                eh = sm_host[s * M + m]
+                if eh >= 0 and min(ent[E_TOK, eh], h) > hit:
+                    extra = (min(ent[E_TOK, eh], h) - hit) * inst_pcie[i]
+                    hit = min(ent[E_TOK, eh], h)
+        if ded_mode:
+            ed = sm_hbm[SM + s * M + m]
+            if ed >= 0 and min(ent[E_TOK, ed], h) > hit:
+                extra = (min(ent[E_TOK, ed], h) - hit) * inst_xfer[i]
+                hit = min(ent[E_TOK, ed], h)
+        if oracle and c_switch[c]:
+            hit = h
+        est = (pend_tok[i] + P - hit) * tok_time[m] + extra
+        if est < best_t or (est == best_t and is_sticky):
+            best_t = est
+            best = i
+            best_hit = hit
+    i = best
+    old = sticky[s * M + m]
+    if old != i:
+        # the session moves: its cached copies on the old instance can no longer be hit
+        e = sm_hbm[s * M + m]
+        if e >= 0:
+            ent[E_SESS, e] = -1
+            sm_hbm[s * M + m] = -1
+        e = sm_host[s * M + m]
+        if e >= 0:
+            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+        n_sticky[old] -= 1
+        sticky[s * M + m] = i
+        n_sticky[i] += 1
+        if not ded_mode:
+            _job_remove(jobs, n_jobs, job_pos, old, s, s * M + m, M, m)
+            _job_add(jobs, n_jobs, job_pos, i, s, s * M + m)
+    r = Nn + c
+    r_inst[r] = i
+    r_arr[r] = now
+    r_pend[r] = P - best_hit
+    pend_tok[i] += P - best_hit
+    _enqueue(r_next, q_head, q_tail, q_len, i, r)
+    if inst_next[i] == INF:
+        inst_next[i] = max(now, busy_until[i])
+    c_out[c, 0] = now
+    c_int[c, 2] = i
+    # shadow bookkeeping for the other models
+    for mm in range(M):
+        if mm == m:
+            continue
+        sm = s * M + mm
+        j = sticky[sm]
+        if ded_mode:
+            j = ded_of[mm]
+        if harvesting and inst_next[j] == INF:
+            inst_next[j] = max(now, busy_until[j])
+        if eager and sm_eager[sm] < 0:
+            if n_eager < RE:
+                _queue_eager(Nn + C + n_eager, sm, j, now, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                             r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                n_eager += 1
+            else:
+                gstats[G_EAGER_OVERFLOW] += 1
+    return n_eager
+
+
+@nb.njit(cache=True)
+def _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, r_first, r_iters, r_tpot, r_gen,
+                      r_kind, r_arr, r_ttft, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, chunk_q, itf, iti):
+    """Decodes, then the in-flight prefill chunks of the running requests, under the token budget."""
+    # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
+    nrun = n_run[i]
+    budget = chunk
+    nd = 0
+    dctx = 0.0
+    routed_in = False
+    next_ready = INF
+    for k in range(nrun):
+        r = run[i, k]
+        chunk_q[k] = 0
+        if r_ready[r] > now:
+            next_ready = min(next_ready, r_ready[r])
+            continue
+        if r_done[r] >= r_prompt[r]:
+            d_first[nd] = r_first[r]
+            d_iters[nd] = r_iters[r]
+            d_tpot[nd] = r_tpot[r]
+            nd += 1
+            dctx += r_prompt[r] + r_gen[r]
+            budget -= 1
+            if r_kind[r] == K_ROUTED:
+                routed_in = True
+    npf = 0
+    pt = 0.0
+    pp = 0.0
+    pk = 0.0
+    nc = 0.0
+    pt_norm = 0.0
+    pt_routed = 0.0
+    pt_eager = 0.0
+    for k in range(nrun):
+        r = run[i, k]
+        if r_ready[r] > now or r_done[r] >= r_prompt[r] or budget <= 0:
+            continue
+        q = min(budget, r_prompt[r] - r_done[r])
+        chunk_q[k] = q
+        budget -= q
+        cc = r_done[r]
+        pt += q
+        pp += q * (cc + (q + 1) * 0.5)
+        pk += cc + q
+        nc += 1.0
+        p_arr[npf] = r_arr[r]
+        p_ttft[npf] = r_ttft[r]
+        p_rem[npf] = prefill_time(lm, r_prompt[r] - cc - q, cc + q, chunk)
+        npf += 1
+        if r_kind[r] == K_ROUTED:
+            routed_in = True
+            pt_routed += q
+        elif r_kind[r] == K_EAGER:
+            pt_eager += q
+        else:
+            pt_norm += q
+    itf[F_DCTX] = dctx
+    itf[F_PT] = pt
+    itf[F_PP] = pp
+    itf[F_PK] = pk
+    itf[F_NC] = nc
+    itf[F_PT_NORM] = pt_norm
+    itf[F_PT_ROUTED] = pt_routed
+    itf[F_PT_EAGER] = pt_eager
+    itf[F_NEXT_READY] = next_ready
+    iti[I_ND] = nd
+    iti[I_NPF] = npf
+    iti[I_NRUN] = nrun
+    iti[I_BUDGET] = budget
+    iti[I_ROUTED] = 1 if routed_in else 0
+
+
+@nb.njit(cache=True)
+def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_caps, inst_pcie, inst_xfer,
+           pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
+           r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
+           c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
+           ent, last, lists, used, free_stack, nfree, gstats, itf, iti):
+    """Admissions from the FIFO waiting queue: prefix hit, host/network reload, KV reservation, first chunk."""
+    nrun = iti[I_NRUN]
+    budget = iti[I_BUDGET]
+    npf = iti[I_NPF]
+    routed_in = iti[I_ROUTED] != 0
+    next_ready = itf[F_NEXT_READY]
+    pt = itf[F_PT]
+    pp = itf[F_PP]
+    pk = itf[F_PK]
+    nc = itf[F_NC]
+    pt_norm = itf[F_PT_NORM]
+    pt_routed = itf[F_PT_ROUTED]
+    pt_eager = itf[F_PT_EAGER]
+    blocked = False
+    while q_head[i] >= 0 and nrun < max_seqs and budget > 0:
+        r = q_head[i]
+        kind = r_kind[r]
+        P = r_prompt[r]
+        hit = 0
+        resident = 0
+        free_hit = False
+        via_net = False
+        e = -1
+        eh = -1
+        reload = 0
+        sm = -1
+        if kind == K_EAGER:
+            sm = r_ref[r]
+            ss = sm // M
+            P = s_target[ss]
+            r_prompt[r] = P
+            r_output[r] = 0
+            if sticky[sm] != i or not s_active[ss]:
+                q_head[i] = r_next[r]
+                if q_head[i] < 0:
+                    q_tail[i] = -1
+                q_len[i] -= 1
+                sm_eager[sm] = -1
+                continue
+        if kind != K_NORMAL:
+            if kind == K_ROUTED:
+                sm = c_sess[r_ref[r]] * M + m
+            e = sm_hbm[sm]
+            if e >= 0:
+                resident = ent[E_TOK, e]
+                hit = resident
+            eh = sm_host[sm]
+            if host and eh >= 0 and ent[E_TOK, eh] > hit:
+                reload = ent[E_TOK, eh] - hit
+                hit = ent[E_TOK, eh]
+            else:
+                eh = -1
+            if ded_mode and kind == K_ROUTED:
+                ed = sm_hbm[SM + sm]
+                if ed >= 0 and min(ent[E_TOK, ed], r_hist[r]) > hit:
+                    ded_hit = min(ent[E_TOK, ed], r_hist[r])
+                    reload = ded_hit - hit
+                    hit = ded_hit
+                    via_net = True
+                    _unlink(ent, lists, ed)  # touch: the warm copy stays for later switches
+                    _push_front(ent, lists, ed, ent[E_LIST, ed])
+                    last[ed] = now
+            if kind == K_ROUTED:
+                if hit > r_hist[r]:
+                    hit = r_hist[r]
+                if oracle and c_switch[r_ref[r]]:
+                    hit = r_hist[r]
+                    reload = 0
+                    eh = -1
+                    free_hit = True
+            if kind == K_EAGER and hit >= P:
+                # nothing to warm: done at once
+                q_head[i] = r_next[r]
+                if q_head[i] < 0:
+                    q_tail[i] = -1
+                q_len[i] -= 1
+                sm_eager[sm] = -1
+                continue
+            if hit > P - 1:
+                hit = P - 1
+                if reload > 0 and hit < resident + reload:
+                    reload = max(0, hit - resident)
+        need = P + r_output[r]
+        if e >= 0:
+            _unlink(ent, lists, e)  # pin: not evictable while we make room
+            l = ent[E_LIST, e]
+            used[i, 1 + l] -= resident
+            ent[E_TOK, e] = 0
+        if eh >= 0:
+            _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
+            used[i, 1 + L_HOST] -= ent[E_TOK, eh]
+        ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
+                        need - resident, host, gstats)
+        if not ok:
+            if e >= 0:
+                ent[E_TOK, e] = resident
+                used[i, 1 + ent[E_LIST, e]] += resident
+                _push_front(ent, lists, e, ent[E_LIST, e])
+            if eh >= 0:
+                used[i, 1 + L_HOST] += ent[E_TOK, eh]
+                _push_front(ent, lists, eh, L_HOST)
+            blocked = True
+            break
+        old_base = 0
+        if e >= 0:
+            base = ent[E_BASE, e]
+            old_base = base
+            if kind == K_ROUTED and hit > base and not free_hit:
+                gstats[G_SHADOW_USED] += hit - base
+                c_int[r_ref[r], 1] = hit - base
+            sm_hbm[sm] = -1
+            _release(ent, free_stack, nfree, e)
+        if eh >= 0:
+            base = ent[E_BASE, eh]
+            old_base = max(old_base, base)
+            if kind == K_ROUTED and hit > base and resident < hit:
+                extra_used = hit - max(base, resident)
+                if extra_used > 0:
+                    gstats[G_SHADOW_USED] += extra_used
+                    c_int[r_ref[r], 1] = max(c_int[r_ref[r], 1], 0) + extra_used
+            sm_host[sm] = -1
+            _release(ent, free_stack, nfree, eh)
+        q_head[i] = r_next[r]
+        if q_head[i] < 0:
+            q_tail[i] = -1
+        q_len[i] -= 1
+        used[i, 0] += need
+        r_res[r] = need
+        r_hit[r] = hit
+        r_done[r] = hit
+        pend_tok[i] += (P - hit) - r_pend[r]
+        if kind == K_EAGER:
+            r_hist[r] = old_base  # tokens of the copy that real calls produced
+        if via_net and hit > resident:
+            gstats[G_SHADOW_USED] += hit - resident
+            c_int[r_ref[r], 1] = hit - resident
+        if reload > 0:
+            start = max(now, pcie_free[i])
+            r_ready[r] = start + reload * (inst_xfer[i] if via_net else inst_pcie[i])
+            pcie_free[i] = r_ready[r]
+            gstats[G_RELOAD_TOK] += reload
+            next_ready = min(next_ready, r_ready[r])
+        if kind == K_ROUTED:
+            c = r_ref[r]
+            c_int[c, 0] = hit
+            c_int[c, 3] = reload
+            c_out[c, 4] = r_ready[r] - now if reload > 0 else 0.0
+            c_out[c, 5] = now - r_arr[r]
+        run[i, nrun] = r
+        chunk_q[nrun] = 0
+        if r_ready[r] <= now and budget > 0:
+            q = min(budget, P - hit)
+            chunk_q[nrun] = q
+            budget -= q
+            cc = hit
+            pt += q
+            pp += q * (cc + (q + 1) * 0.5)
+            pk += cc + q
+            nc += 1.0
+            p_arr[npf] = r_arr[r]
+            p_ttft[npf] = r_ttft[r]
+            p_rem[npf] = prefill_time(lm, P - cc - q, cc + q, chunk)
+            npf += 1
+            if kind == K_ROUTED:
+                routed_in = True
+                pt_routed += q
+            elif kind == K_EAGER:
+                pt_eager += q
+            else:
+                pt_norm += q
+        nrun += 1
+    n_run[i] = nrun
+    itf[F_PT] = pt
+    itf[F_PP] = pp
+    itf[F_PK] = pk
+    itf[F_NC] = nc
+    itf[F_PT_NORM] = pt_norm
+    itf[F_PT_ROUTED] = pt_routed
+    itf[F_PT_EAGER] = pt_eager
+    itf[F_NEXT_READY] = next_ready
+    iti[I_NPF] = npf
+    iti[I_NRUN] = nrun
+    iti[I_BUDGET] = budget
+    iti[I_ROUTED] = 1 if routed_in else 0
+    iti[I_BLOCKED] = 1 if blocked else 0
+
+
+@nb.njit(cache=True)
+def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin,
+                   n_min, cold_age, shadow_cap_frac, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
+                   s_active, s_cur, s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem,
+                   sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti):
+    """Algorithm 1: shadow chunks appended last to the iteration, by decreasing switch probability.
+
+    Returns ``(shadow tokens, spent on a credit branch, poll again later, iteration seconds)``.
+    """
+    nd = iti[I_ND]
+    npf = iti[I_NPF]
+    budget = iti[I_BUDGET]
+    routed_in = iti[I_ROUTED] != 0
+    blocked = iti[I_BLOCKED] != 0
+    dctx = itf[F_DCTX]
+    pt = itf[F_PT]
+    pp = itf[F_PP]
+    pk = itf[F_PK]
+    nc = itf[F_NC]
+    dur = base_t
+    # ---------------- shadow chunks (Algorithm 1), lowest priority
+    sh_tok = 0
+    stretch_branch = False
+    waiting = blocked or q_head[i] >= 0
+    poll_wake = False
+    if harvesting and not waiting and n_jobs[i] > 0 and budget > 0 and (inst_dedicated[i] or not ded_mode):
+        empty = nd + npf == 0
+        if inst_dedicated[i]:
+            # a dedicated warming instance serves nothing else: it fills its whole token budget
+            bnd = INF
+            branch = 1
+            limit = INF
+        else:
+            bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
+                                                  cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,
+                                                  p_rem, npf, margin)
+        stretch_branch = branch == 2 or branch == 4
+        cutoff = now - cold_age
+        cap_tokens = int(shadow_cap_frac * inst_caps[i, 0])
+        cur_t = base_t
+        tries = 0
+        while bnd > 0.0 and budget >= n_min and tries < 8:
+            tries += 1
+            # the pending job with the highest predicted probability of being switched to
+            bs = -1
+            bp = -1.0
+            bpend = 0
+            bcov = 0
+            for k in range(n_jobs[i]):
+                s = jobs[i, k]
+                if not s_active[s]:
+                    continue
+                cix = s_cur[s]
+                if cix < 0 or c_model[cix] == m:
+                    continue
+                sm = s * M + m
+                pr = c_pnext[cix, m]
+                if gate > 0.0 and pr < gate:
+                    continue
+                if top1 and c_top[cix] != m:
+                    continue
+                e = sm_hbm[off + sm]
+                cov = ent[E_TOK, e] if e >= 0 else 0
+                eh = sm_host[sm]
+                if not ded_mode and eh >= 0 and ent[E_TOK, eh] > cov:
+                    continue  # its prefix waits in host DRAM: the switch call reloads it
+                pend = s_target[s] - cov
+                if pend < n_min:
+                    continue
+                if pr > bp or (pr == bp and s < bs):
+                    bp = pr
+                    bs = s
+                    bpend = pend
+                    bcov = cov
+            if bs < 0:
+                break
+            sm = off + bs * M + m
+            own = sm_hbm[sm]
+            hi = min(budget, bpend)
+            room_cap = cap_tokens - used[i, 2]
+            if own >= 0 and ent[E_LIST, own] == L_NORM:
+                room_cap -= ent[E_TOK, own]  # the copy joins the shadow class
+            if room_cap < hi:
+                hi = room_cap
+            avail = _cold_room(ent, last, lists, used, inst_caps, i, hi, cutoff, own)
+            if avail < hi:
+                hi = avail
+            if hi < n_min:
+                poll_wake = True
+                break
+            n, t_new = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(bcov), hi, n_min, limit)
+            if n <= 0:
+                break
+            if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i, n,
+                               cutoff, own, host, gstats):
+                break
+            own = sm_hbm[sm]
+            if own < 0:
+                own = _alloc(ent, free_stack, nfree)
+                if own < 0:
+                    break
+                ent[E_INST, own] = i
+                ent[E_SESS, own] = sm
+                ent[E_TOK, own] = 0
+                ent[E_BASE, own] = 0
+                _push_front(ent, lists, own, L_SHADOW)
+                sm_hbm[sm] = own
+            elif ent[E_LIST, own] == L_NORM:
+                _unlink(ent, lists, own)
+                used[i, 1] -= ent[E_TOK, own]
+                used[i, 2] += ent[E_TOK, own]
+                _push_front(ent, lists, own, L_SHADOW)
+            else:
+                _unlink(ent, lists, own)
+                _push_front(ent, lists, own, L_SHADOW)
+            ent[E_TOK, own] += n
+            used[i, 2] += n
+            last[own] = now
+            gstats[G_SHADOW_COMPUTED] += n
+            sh_tok += n
+            budget -= n
+            pt += n
+            pp += n * (bcov + (n + 1) * 0.5)
+            pk += bcov + n
+            cur_t = t_new
+        dur = cur_t if sh_tok > 0 else base_t
+    itf[F_PT] = pt
+    itf[F_PP] = pp
+    itf[F_PK] = pk
+    iti[I_BUDGET] = budget
+    return sh_tok, stretch_branch, poll_wake, dur
+
+
+@nb.njit(cache=True)
+def _account_iteration(i, now, t_end, dur, base_t, sh_tok, stretch_branch, lm, cap_t, delta, shadow_mode, warm,
+                       meas_end, p_idle, p_mem, p_max, inst_tp, credit, used, istats, gstats, itf, iti):
+    """Energy, throughput and shadow-KV statistics of one iteration, and the credit update."""
+    nd = iti[I_ND]
+    npf = iti[I_NPF]
+    dctx = itf[F_DCTX]
+    pt = itf[F_PT]
+    pp = itf[F_PP]
+    nc = itf[F_NC]
+    pt_norm = itf[F_PT_NORM]
+    pt_routed = itf[F_PT_ROUTED]
+    pt_eager = itf[F_PT_EAGER]
+    istats[i, S_ITERS] += 1.0
+    gstats[G_ITERS] += 1.0
+    # ---------------- energy and throughput inside the measurement window
+    ov = min(t_end, meas_end) - max(now, warm)
+    if ov > 0.0:
+        comp = compute_seconds(lm, float(nd), dctx, pt, pp, nc)
+        u = min(1.0, comp / dur)
+        frac = ov / dur
+        istats[i, S_ENERGY_J] += inst_tp[i] * ov * (p_mem + (p_max - p_mem) * u - p_idle)
+        istats[i, S_BUSY_S] += ov
+        istats[i, S_PF_NORMAL] += pt_norm * frac
+        istats[i, S_PF_ROUTED] += pt_routed * frac
+        istats[i, S_PF_SHADOW] += (sh_tok + pt_eager) * frac
+        istats[i, S_DEC_TOK] += nd * frac
+        istats[i, S_SHADOW_KV_INT] += used[i, 2] * ov
+    if used[i, 2] > istats[i, S_SHADOW_KV_PEAK]:
+        istats[i, S_SHADOW_KV_PEAK] = used[i, 2]
+    gstats[G_PF_NORMAL_ALL] += pt_norm
+    gstats[G_PF_ROUTED_ALL] += pt_routed
+    gstats[G_PF_EAGER_ALL] += pt_eager
+    if shadow_mode == SH_EAGER:
+        gstats[G_SHADOW_COMPUTED] += pt_eager
+    # ---------------- credit (Harvest: every busy iteration; Harvest-SLO: routed iterations)
+    decode_only = nd > 0 and npf == 0
+    stretch = dur - base_t if (sh_tok > 0 and stretch_branch) else 0.0
+    cc_ = credit[i] - stretch
+    if decode_only:
+        cc_ += delta * base_t
+    credit[i] = min(cap_t, max(0.0, cc_))
+
+
+@nb.njit(cache=True)
+def _finish_iteration(i, now, t_end, m, nrun, n_eager, nh, outstanding, M, C, Nn, RE, SM, harvesting, eager,
+                      ded_mode, cache_normal, warm, meas_end, run, n_run, chunk_q, busy_until, inst_next, pend_tok,
+                      q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_prompt, r_output, r_hist,
+                      r_done, r_gen, r_iters, r_first, r_finish, r_ready, r_res, c_sess, c_gap, c_out, n_out,
+                      s_offsets, s_measured, s_active, s_cur, s_target, sticky, n_sticky, sm_hbm, sm_host,
+                      sm_eager, ded_of, jobs, n_jobs, job_pos, ht, hv, ent, last, lists, used, free_stack, nfree):
+    """Apply an iteration at its end: prefill progress, first tokens, decodes, output streaming, completions
+    (cache entries, the session's next call, eager follow-ups).  Returns ``(n_eager, heap size, outstanding)``."""
+    # ---------------- apply the iteration (state now, timestamps at t_end)
+    keep = 0
+    for k in range(nrun):
+        r = run[i, k]
+        fin = False
+        if r_ready[r] > now:
+            run[i, keep] = r
+            keep += 1
+            continue
+        q = chunk_q[k]
+        if r_done[r] >= r_prompt[r]:
+            r_gen[r] += 1
+            r_iters[r] += 1
+            if r_gen[r] >= r_output[r]:
+                fin = True
+        elif q > 0:
+            r_done[r] += q
+            pend_tok[i] -= q
+            if r_done[r] >= r_prompt[r]:
+                r_first[r] = t_end
+                if r_output[r] >= 1:
+                    r_gen[r] = 1
+                if r_gen[r] >= r_output[r]:
+                    fin = True
+        if r_kind[r] == K_ROUTED and r_gen[r] > 0:
+            # output streaming: the shadow target follows the generated tokens
+            c = r_ref[r]
+            ss = c_sess[c]
+            if s_cur[ss] == c:
+                s_target[ss] = r_prompt[r] + r_gen[r]
+            if harvesting:
+                for mm in range(M):
+                    if mm != m:
+                        j = ded_of[mm] if ded_mode else sticky[ss * M + mm]
+                        if j >= 0 and inst_next[j] == INF:
+                            inst_next[j] = max(t_end, busy_until[j])
+        if not fin:
+            run[i, keep] = r
+            keep += 1
+            continue
+        # ---- finished
+        r_finish[r] = t_end
+        used[i, 0] -= r_res[r]
+        kind = r_kind[r]
+        tok = r_prompt[r] + r_output[r]
+        if kind == K_NORMAL:
+            n_out[r, 0] = r_first[r]
+            n_out[r, 1] = t_end
+            if r_arr[r] >= warm and r_arr[r] < meas_end:
+                outstanding -= 1
+        e = -1
+        if kind != K_NORMAL or cache_normal:
+            e = _alloc(ent, free_stack, nfree)
+        if e >= 0:
+            ent[E_INST, e] = i
+            ent[E_TOK, e] = tok
+            ent[E_BASE, e] = tok
+            last[e] = t_end
+            if kind == K_NORMAL:
+                ent[E_SESS, e] = -1
+            else:
+                if kind == K_ROUTED:
+                    ss = c_sess[r_ref[r]]
+                    sm = ss * M + m
+                else:
+                    sm = r_ref[r]
+                    ss = sm // M
+                    ent[E_BASE, e] = min(r_hist[r], tok)
+                    old_e = sm_hbm[sm]
+                    if old_e >= 0:  # a later shadow copy (should not happen while eager runs)
+                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old_e)
+                ent[E_SESS, e] = sm
+                if sticky[sm] != i:
+                    ent[E_SESS, e] = -1  # the session moved away meanwhile
+                else:
+                    if sm_hbm[sm] >= 0:
+                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[sm])
+                    sm_hbm[sm] = e
+                    eh = sm_host[sm]
+                    if eh >= 0 and ent[E_TOK, eh] <= tok:
+                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, eh)
+            _push_front(ent, lists, e, L_NORM)
+            used[i, 1] += tok
+        if kind == K_ROUTED:
+            c = r_ref[r]
+            c_out[c, 1] = r_first[r]
+            c_out[c, 2] = t_end
+            if s_measured[ss]:
+                outstanding -= 1
+            if c + 1 < s_offsets[ss + 1]:
+                nh = _heap_push(ht, hv, nh, t_end + c_gap[c + 1], c + 1)
+            else:
+                s_active[ss] = False
+                for mm in range(M):
+                    o = sticky[ss * M + mm]
+                    n_sticky[o] -= 1
+                    if ded_mode:
+                        _job_remove(jobs, n_jobs, job_pos, ded_of[mm], ss, ss * M + mm, M, mm)
+                        ed = sm_hbm[SM + ss * M + mm]
+                        if ed >= 0:  # the session is over: its warm copy is dead weight
+                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, ed)
+                    else:
+                        _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
+            if eager:
+                for mm in range(M):
+                    if mm == m:
+                        continue
+                    sm2 = ss * M + mm
+                    if sm_eager[sm2] < 0 and n_eager < RE and s_active[ss]:
+                        j = sticky[sm2]
+                        _queue_eager(Nn + C + n_eager, sm2, j, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                                     r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                        n_eager += 1
+        elif kind == K_EAGER:
+            sm = r_ref[r]
+            ss = sm // M
+            sm_eager[sm] = -1
+            if s_active[ss] and s_target[ss] > r_prompt[r] and n_eager < RE:
+                _queue_eager(Nn + C + n_eager, sm, i, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
+                             r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                n_eager += 1
+    n_run[i] = keep
+    busy_until[i] = t_end
+    return n_eager, nh, outstanding
+
+
 # ============================================================================ the simulator
 
 @nb.njit(cache=True)
@@ -694,6 +1410,8 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     p_ttft = np.empty(max_seqs, np.float64)
     p_rem = np.empty(max_seqs, np.float64)
     chunk_q = np.zeros(max_seqs, np.int64)
+    itf = np.zeros(F_SIZE, np.float64)
+    iti = np.zeros(I_SIZE, np.int64)
 
     pa = 0
     now = 0.0
@@ -732,107 +1450,13 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             # ------------------------------------------------ a routed call is issued
             c = hv[0]
             nh = _heap_pop(ht, hv, nh)
-            s = c_sess[c]
-            m = c_model[c]
-            h = c_hist[c]
-            if c == s_offsets[s]:
-                s_active[s] = True
-                for mm in range(M):  # sticky instance per model: the one with the fewest sessions
-                    bi = -1
-                    for i in range(I):
-                        if inst_model[i] == mm and not inst_dedicated[i]:
-                            if bi < 0 or n_sticky[i] < n_sticky[bi]:
-                                bi = i
-                    sticky[s * M + mm] = bi
-                    n_sticky[bi] += 1
-                    _job_add(jobs, n_jobs, job_pos, ded_of[mm] if ded_mode else bi, s, s * M + mm)
-            for mm in range(M):
-                _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[s * M + mm], h)
-                _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_host[s * M + mm], h)
-                if ded_mode:
-                    _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[SM + s * M + mm], h)
-            s_cur[s] = c
-            s_target[s] = c_prompt[c]
-            # route: lowest estimated prefill completion counting only uncached tokens
-            P = c_prompt[c]
-            best = -1
-            best_t = INF
-            best_hit = 0
-            for i in range(I):
-                if inst_model[i] != m:
-                    continue
-                is_sticky = sticky[s * M + m] == i
-                if inst_dedicated[i]:
-                    continue
-                hit = 0
-                extra = 0.0
-                if is_sticky:
-                    e = sm_hbm[s * M + m]
-                    if e >= 0:
-                        hit = min(ent[E_TOK, e], h)
-                    if host:
-                        eh = sm_host[s * M + m]
-                        if eh >= 0 and min(ent[E_TOK, eh], h) > hit:
-                            extra = (min(ent[E_TOK, eh], h) - hit) * inst_pcie[i]
-                            hit = min(ent[E_TOK, eh], h)
-                if ded_mode:
-                    ed = sm_hbm[SM + s * M + m]
-                    if ed >= 0 and min(ent[E_TOK, ed], h) > hit:
-                        extra = (min(ent[E_TOK, ed], h) - hit) * inst_xfer[i]
-                        hit = min(ent[E_TOK, ed], h)
-                if oracle and c_switch[c]:
-                    hit = h
-                est = (pend_tok[i] + P - hit) * tok_time[m] + extra
-                if est < best_t or (est == best_t and is_sticky):
-                    best_t = est
-                    best = i
-                    best_hit = hit
-            i = best
-            old = sticky[s * M + m]
-            if old != i:
-                # the session moves: its cached copies on the old instance can no longer be hit
-                e = sm_hbm[s * M + m]
-                if e >= 0:
-                    ent[E_SESS, e] = -1
-                    sm_hbm[s * M + m] = -1
-                e = sm_host[s * M + m]
-                if e >= 0:
-                    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
-                n_sticky[old] -= 1
-                sticky[s * M + m] = i
-                n_sticky[i] += 1
-                if not ded_mode:
-                    _job_remove(jobs, n_jobs, job_pos, old, s, s * M + m, M, m)
-                    _job_add(jobs, n_jobs, job_pos, i, s, s * M + m)
-            r = Nn + c
-            r_inst[r] = i
-            r_arr[r] = now
-            r_pend[r] = P - best_hit
-            pend_tok[i] += P - best_hit
-            _enqueue(r_next, q_head, q_tail, q_len, i, r)
-            if inst_next[i] == INF:
-                inst_next[i] = max(now, busy_until[i])
-            c_out[c, 0] = now
-            c_int[c, 2] = i
-            # shadow bookkeeping for the other models
-            for mm in range(M):
-                if mm == m:
-                    continue
-                sm = s * M + mm
-                j = sticky[sm]
-                if ded_mode:
-                    j = ded_of[mm]
-                if harvesting and inst_next[j] == INF:
-                    inst_next[j] = max(now, busy_until[j])
-                if eager and sm_eager[sm] < 0:
-                    if n_eager < RE:
-                        _queue_eager(Nn + C + n_eager, sm, j, now, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                                     r_next, q_head, q_tail, q_len, inst_next, busy_until)
-                        n_eager += 1
-                    else:
-                        gstats[G_EAGER_OVERFLOW] += 1
+            n_eager = _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mode, host, oracle,
+                                  inst_model, inst_dedicated, inst_pcie, inst_xfer, tok_time, busy_until, inst_next,
+                                  pend_tok, q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_pend,
+                                  c_sess, c_model, c_prompt, c_hist, c_switch, c_out, c_int, s_offsets, s_active,
+                                  s_cur, s_target, sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs,
+                                  job_pos, ent, lists, used, free_stack, nfree, gstats)
             continue
-
         # ---------------------------------------------------- an iteration starts on instance ib
         i = ib
         m = inst_model[i]
@@ -840,489 +1464,39 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         T_m = model_tpot[m]
         cap_t = beta * T_m
         # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
-        nrun = n_run[i]
-        budget = chunk
-        nd = 0
-        dctx = 0.0
-        routed_in = False
-        next_ready = INF
-        for k in range(nrun):
-            r = run[i, k]
-            chunk_q[k] = 0
-            if r_ready[r] > now:
-                next_ready = min(next_ready, r_ready[r])
-                continue
-            if r_done[r] >= r_prompt[r]:
-                d_first[nd] = r_first[r]
-                d_iters[nd] = r_iters[r]
-                d_tpot[nd] = r_tpot[r]
-                nd += 1
-                dctx += r_prompt[r] + r_gen[r]
-                budget -= 1
-                if r_kind[r] == K_ROUTED:
-                    routed_in = True
-        npf = 0
-        pt = 0.0
-        pp = 0.0
-        pk = 0.0
-        nc = 0.0
-        pt_norm = 0.0
-        pt_routed = 0.0
-        pt_eager = 0.0
-        for k in range(nrun):
-            r = run[i, k]
-            if r_ready[r] > now or r_done[r] >= r_prompt[r] or budget <= 0:
-                continue
-            q = min(budget, r_prompt[r] - r_done[r])
-            chunk_q[k] = q
-            budget -= q
-            cc = r_done[r]
-            pt += q
-            pp += q * (cc + (q + 1) * 0.5)
-            pk += cc + q
-            nc += 1.0
-            p_arr[npf] = r_arr[r]
-            p_ttft[npf] = r_ttft[r]
-            p_rem[npf] = prefill_time(lm, r_prompt[r] - cc - q, cc + q, chunk)
-            npf += 1
-            if r_kind[r] == K_ROUTED:
-                routed_in = True
-                pt_routed += q
-            elif r_kind[r] == K_EAGER:
-                pt_eager += q
-            else:
-                pt_norm += q
-        blocked = False
-        while q_head[i] >= 0 and nrun < max_seqs and budget > 0:
-            r = q_head[i]
-            kind = r_kind[r]
-            P = r_prompt[r]
-            hit = 0
-            resident = 0
-            free_hit = False
-            via_net = False
-            e = -1
-            eh = -1
-            reload = 0
-            sm = -1
-            if kind == K_EAGER:
-                sm = r_ref[r]
-                ss = sm // M
-                P = s_target[ss]
-                r_prompt[r] = P
-                r_output[r] = 0
-                if sticky[sm] != i or not s_active[ss]:
-                    q_head[i] = r_next[r]
-                    if q_head[i] < 0:
-                        q_tail[i] = -1
-                    q_len[i] -= 1
-                    sm_eager[sm] = -1
-                    continue
-            if kind != K_NORMAL:
-                if kind == K_ROUTED:
-                    sm = c_sess[r_ref[r]] * M + m
-                e = sm_hbm[sm]
-                if e >= 0:
-                    resident = ent[E_TOK, e]
-                    hit = resident
-                eh = sm_host[sm]
-                if host and eh >= 0 and ent[E_TOK, eh] > hit:
-                    reload = ent[E_TOK, eh] - hit
-                    hit = ent[E_TOK, eh]
-                else:
-                    eh = -1
-                if ded_mode and kind == K_ROUTED:
-                    ed = sm_hbm[SM + sm]
-                    if ed >= 0 and min(ent[E_TOK, ed], r_hist[r]) > hit:
-                        ded_hit = min(ent[E_TOK, ed], r_hist[r])
-                        reload = ded_hit - hit
-                        hit = ded_hit
-                        via_net = True
-                        _unlink(ent, lists, ed)  # touch: the warm copy stays for later switches
-                        _push_front(ent, lists, ed, ent[E_LIST, ed])
-                        last[ed] = now
-                if kind == K_ROUTED:
-                    if hit > r_hist[r]:
-                        hit = r_hist[r]
-                    if oracle and c_switch[r_ref[r]]:
-                        hit = r_hist[r]
-                        reload = 0
-                        eh = -1
-                        free_hit = True
-                if kind == K_EAGER and hit >= P:
-                    # nothing to warm: done at once
-                    q_head[i] = r_next[r]
-                    if q_head[i] < 0:
-                        q_tail[i] = -1
-                    q_len[i] -= 1
-                    sm_eager[sm] = -1
-                    continue
-                if hit > P - 1:
-                    hit = P - 1
-                    if reload > 0 and hit < resident + reload:
-                        reload = max(0, hit - resident)
-            need = P + r_output[r]
-            if e >= 0:
-                _unlink(ent, lists, e)  # pin: not evictable while we make room
-                l = ent[E_LIST, e]
-                used[i, 1 + l] -= resident
-                ent[E_TOK, e] = 0
-            if eh >= 0:
-                _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
-                used[i, 1 + L_HOST] -= ent[E_TOK, eh]
-            ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
-                            need - resident, host, gstats)
-            if not ok:
-                if e >= 0:
-                    ent[E_TOK, e] = resident
-                    used[i, 1 + ent[E_LIST, e]] += resident
-                    _push_front(ent, lists, e, ent[E_LIST, e])
-                if eh >= 0:
-                    used[i, 1 + L_HOST] += ent[E_TOK, eh]
-                    _push_front(ent, lists, eh, L_HOST)
-                blocked = True
-                break
-            old_base = 0
-            if e >= 0:
-                base = ent[E_BASE, e]
-                old_base = base
-                if kind == K_ROUTED and hit > base and not free_hit:
-                    gstats[G_SHADOW_USED] += hit - base
-                    c_int[r_ref[r], 1] = hit - base
-                sm_hbm[sm] = -1
-                _release(ent, free_stack, nfree, e)
-            if eh >= 0:
-                base = ent[E_BASE, eh]
-                old_base = max(old_base, base)
-                if kind == K_ROUTED and hit > base and resident < hit:
-                    extra_used = hit - max(base, resident)
-                    if extra_used > 0:
-                        gstats[G_SHADOW_USED] += extra_used
-                        c_int[r_ref[r], 1] = max(c_int[r_ref[r], 1], 0) + extra_used
-                sm_host[sm] = -1
-                _release(ent, free_stack, nfree, eh)
-            q_head[i] = r_next[r]
-            if q_head[i] < 0:
-                q_tail[i] = -1
-            q_len[i] -= 1
-            used[i, 0] += need
-            r_res[r] = need
-            r_hit[r] = hit
-            r_done[r] = hit
-            pend_tok[i] += (P - hit) - r_pend[r]
-            if kind == K_EAGER:
-                r_hist[r] = old_base  # tokens of the copy that real calls produced
-            if via_net and hit > resident:
-                gstats[G_SHADOW_USED] += hit - resident
-                c_int[r_ref[r], 1] = hit - resident
-            if reload > 0:
-                start = max(now, pcie_free[i])
-                r_ready[r] = start + reload * (inst_xfer[i] if via_net else inst_pcie[i])
-                pcie_free[i] = r_ready[r]
-                gstats[G_RELOAD_TOK] += reload
-                next_ready = min(next_ready, r_ready[r])
-            if kind == K_ROUTED:
-                c = r_ref[r]
-                c_int[c, 0] = hit
-                c_int[c, 3] = reload
-                c_out[c, 4] = r_ready[r] - now if reload > 0 else 0.0
-                c_out[c, 5] = now - r_arr[r]
-            run[i, nrun] = r
-            chunk_q[nrun] = 0
-            if r_ready[r] <= now and budget > 0:
-                q = min(budget, P - hit)
-                chunk_q[nrun] = q
-                budget -= q
-                cc = hit
-                pt += q
-                pp += q * (cc + (q + 1) * 0.5)
-                pk += cc + q
-                nc += 1.0
-                p_arr[npf] = r_arr[r]
-                p_ttft[npf] = r_ttft[r]
-                p_rem[npf] = prefill_time(lm, P - cc - q, cc + q, chunk)
-                npf += 1
-                if kind == K_ROUTED:
-                    routed_in = True
-                    pt_routed += q
-                elif kind == K_EAGER:
-                    pt_eager += q
-                else:
-                    pt_norm += q
-            nrun += 1
-        n_run[i] = nrun
-        base_t = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
-        dur = base_t
-
+        _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, r_first, r_iters, r_tpot, r_gen,
+                          r_kind, r_arr, r_ttft, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, chunk_q, itf, iti)
+        _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_caps, inst_pcie, inst_xfer,
+               pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
+               r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
+               c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
+               ent, last, lists, used, free_stack, nfree, gstats, itf, iti)
+        base_t = iteration_time(lm, float(iti[I_ND]), itf[F_DCTX], itf[F_PT], itf[F_PP], itf[F_PK], itf[F_NC])
         # ---------------- shadow chunks (Algorithm 1), lowest priority
-        sh_tok = 0
-        stretch_branch = False
-        waiting = blocked or q_head[i] >= 0
-        poll_wake = False
-        if harvesting and not waiting and n_jobs[i] > 0 and budget > 0 and (inst_dedicated[i] or not ded_mode):
-            empty = nd + npf == 0
-            if inst_dedicated[i]:
-                # a dedicated warming instance serves nothing else: it fills its whole token budget
-                bnd = INF
-                branch = 1
-                limit = INF
-            else:
-                bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
-                                                      cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,
-                                                      p_rem, npf, margin)
-            stretch_branch = branch == 2 or branch == 4
-            cutoff = now - cold_age
-            cap_tokens = int(shadow_cap_frac * inst_caps[i, 0])
-            cur_t = base_t
-            tries = 0
-            while bnd > 0.0 and budget >= n_min and tries < 8:
-                tries += 1
-                # the pending job with the highest predicted probability of being switched to
-                bs = -1
-                bp = -1.0
-                bpend = 0
-                bcov = 0
-                for k in range(n_jobs[i]):
-                    s = jobs[i, k]
-                    if not s_active[s]:
-                        continue
-                    cix = s_cur[s]
-                    if cix < 0 or c_model[cix] == m:
-                        continue
-                    sm = s * M + m
-                    pr = c_pnext[cix, m]
-                    if gate > 0.0 and pr < gate:
-                        continue
-                    if top1 and c_top[cix] != m:
-                        continue
-                    e = sm_hbm[off + sm]
-                    cov = ent[E_TOK, e] if e >= 0 else 0
-                    eh = sm_host[sm]
-                    if not ded_mode and eh >= 0 and ent[E_TOK, eh] > cov:
-                        continue  # its prefix waits in host DRAM: the switch call reloads it
-                    pend = s_target[s] - cov
-                    if pend < n_min:
-                        continue
-                    if pr > bp or (pr == bp and s < bs):
-                        bp = pr
-                        bs = s
-                        bpend = pend
-                        bcov = cov
-                if bs < 0:
-                    break
-                sm = off + bs * M + m
-                own = sm_hbm[sm]
-                hi = min(budget, bpend)
-                room_cap = cap_tokens - used[i, 2]
-                if own >= 0 and ent[E_LIST, own] == L_NORM:
-                    room_cap -= ent[E_TOK, own]  # the copy joins the shadow class
-                if room_cap < hi:
-                    hi = room_cap
-                avail = _cold_room(ent, last, lists, used, inst_caps, i, hi, cutoff, own)
-                if avail < hi:
-                    hi = avail
-                if hi < n_min:
-                    poll_wake = True
-                    break
-                n, t_new = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(bcov), hi, n_min, limit)
-                if n <= 0:
-                    break
-                if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i, n,
-                                   cutoff, own, host, gstats):
-                    break
-                own = sm_hbm[sm]
-                if own < 0:
-                    own = _alloc(ent, free_stack, nfree)
-                    if own < 0:
-                        break
-                    ent[E_INST, own] = i
-                    ent[E_SESS, own] = sm
-                    ent[E_TOK, own] = 0
-                    ent[E_BASE, own] = 0
-                    _push_front(ent, lists, own, L_SHADOW)
-                    sm_hbm[sm] = own
-                elif ent[E_LIST, own] == L_NORM:
-                    _unlink(ent, lists, own)
-                    used[i, 1] -= ent[E_TOK, own]
-                    used[i, 2] += ent[E_TOK, own]
-                    _push_front(ent, lists, own, L_SHADOW)
-                else:
-                    _unlink(ent, lists, own)
-                    _push_front(ent, lists, own, L_SHADOW)
-                ent[E_TOK, own] += n
-                used[i, 2] += n
-                last[own] = now
-                gstats[G_SHADOW_COMPUTED] += n
-                sh_tok += n
-                budget -= n
-                pt += n
-                pp += n * (bcov + (n + 1) * 0.5)
-                pk += bcov + n
-                cur_t = t_new
-            dur = cur_t if sh_tok > 0 else base_t
-
+        sh_tok, stretch_branch, poll_wake, dur = _shadow_chunks(
+            i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin, n_min,
+            cold_age, shadow_cap_frac, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
+            s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, sm_hbm, sm_host, ent,
+            last, lists, used, free_stack, nfree, gstats, itf, iti)
         if dur <= 0.0:
             # nothing runnable: sleep until a host reload completes or new work arrives
-            if next_ready < INF:
-                inst_next[i] = next_ready
+            if itf[F_NEXT_READY] < INF:
+                inst_next[i] = itf[F_NEXT_READY]
             elif poll_wake and harvesting:
                 inst_next[i] = now + poll
             else:
                 inst_next[i] = INF
             continue
         t_end = now + dur
-        istats[i, S_ITERS] += 1.0
-        gstats[G_ITERS] += 1.0
-        # ---------------- energy and throughput inside the measurement window
-        ov = min(t_end, meas_end) - max(now, warm)
-        if ov > 0.0:
-            comp = compute_seconds(lm, float(nd), dctx, pt, pp, nc)
-            u = min(1.0, comp / dur)
-            frac = ov / dur
-            istats[i, S_ENERGY_J] += inst_tp[i] * ov * (p_mem + (p_max - p_mem) * u - p_idle)
-            istats[i, S_BUSY_S] += ov
-            istats[i, S_PF_NORMAL] += pt_norm * frac
-            istats[i, S_PF_ROUTED] += pt_routed * frac
-            istats[i, S_PF_SHADOW] += (sh_tok + pt_eager) * frac
-            istats[i, S_DEC_TOK] += nd * frac
-            istats[i, S_SHADOW_KV_INT] += used[i, 2] * ov
-        if used[i, 2] > istats[i, S_SHADOW_KV_PEAK]:
-            istats[i, S_SHADOW_KV_PEAK] = used[i, 2]
-        gstats[G_PF_NORMAL_ALL] += pt_norm
-        gstats[G_PF_ROUTED_ALL] += pt_routed
-        gstats[G_PF_EAGER_ALL] += pt_eager
-        if shadow_mode == SH_EAGER:
-            gstats[G_SHADOW_COMPUTED] += pt_eager
-        # ---------------- credit (Harvest: every busy iteration; Harvest-SLO: routed iterations)
-        decode_only = nd > 0 and npf == 0
-        stretch = dur - base_t if (sh_tok > 0 and stretch_branch) else 0.0
-        cc_ = credit[i] - stretch
-        if decode_only:
-            cc_ += delta * base_t
-        credit[i] = min(cap_t, max(0.0, cc_))
-        # ---------------- apply the iteration (state now, timestamps at t_end)
-        keep = 0
-        for k in range(nrun):
-            r = run[i, k]
-            fin = False
-            if r_ready[r] > now:
-                run[i, keep] = r
-                keep += 1
-                continue
-            q = chunk_q[k]
-            if r_done[r] >= r_prompt[r]:
-                r_gen[r] += 1
-                r_iters[r] += 1
-                if r_gen[r] >= r_output[r]:
-                    fin = True
-            elif q > 0:
-                r_done[r] += q
-                pend_tok[i] -= q
-                if r_done[r] >= r_prompt[r]:
-                    r_first[r] = t_end
-                    if r_output[r] >= 1:
-                        r_gen[r] = 1
-                    if r_gen[r] >= r_output[r]:
-                        fin = True
-            if r_kind[r] == K_ROUTED and r_gen[r] > 0:
-                # output streaming: the shadow target follows the generated tokens
-                c = r_ref[r]
-                ss = c_sess[c]
-                if s_cur[ss] == c:
-                    s_target[ss] = r_prompt[r] + r_gen[r]
-                if harvesting:
-                    for mm in range(M):
-                        if mm != m:
-                            j = ded_of[mm] if ded_mode else sticky[ss * M + mm]
-                            if j >= 0 and inst_next[j] == INF:
-                                inst_next[j] = max(t_end, busy_until[j])
-            if not fin:
-                run[i, keep] = r
-                keep += 1
-                continue
-            # ---- finished
-            r_finish[r] = t_end
-            used[i, 0] -= r_res[r]
-            kind = r_kind[r]
-            tok = r_prompt[r] + r_output[r]
-            if kind == K_NORMAL:
-                n_out[r, 0] = r_first[r]
-                n_out[r, 1] = t_end
-                if r_arr[r] >= warm and r_arr[r] < meas_end:
-                    outstanding -= 1
-            e = -1
-            if kind != K_NORMAL or cache_normal:
-                e = _alloc(ent, free_stack, nfree)
-            if e >= 0:
-                ent[E_INST, e] = i
-                ent[E_TOK, e] = tok
-                ent[E_BASE, e] = tok
-                last[e] = t_end
-                if kind == K_NORMAL:
-                    ent[E_SESS, e] = -1
-                else:
-                    if kind == K_ROUTED:
-                        ss = c_sess[r_ref[r]]
-                        sm = ss * M + m
-                    else:
-                        sm = r_ref[r]
-                        ss = sm // M
-                        ent[E_BASE, e] = min(r_hist[r], tok)
-                        old_e = sm_hbm[sm]
-                        if old_e >= 0:  # a later shadow copy (should not happen while eager runs)
-                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old_e)
-                    ent[E_SESS, e] = sm
-                    if sticky[sm] != i:
-                        ent[E_SESS, e] = -1  # the session moved away meanwhile
-                    else:
-                        if sm_hbm[sm] >= 0:
-                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[sm])
-                        sm_hbm[sm] = e
-                        eh = sm_host[sm]
-                        if eh >= 0 and ent[E_TOK, eh] <= tok:
-                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, eh)
-                _push_front(ent, lists, e, L_NORM)
-                used[i, 1] += tok
-            if kind == K_ROUTED:
-                c = r_ref[r]
-                c_out[c, 1] = r_first[r]
-                c_out[c, 2] = t_end
-                if s_measured[ss]:
-                    outstanding -= 1
-                if c + 1 < s_offsets[ss + 1]:
-                    nh = _heap_push(ht, hv, nh, t_end + c_gap[c + 1], c + 1)
-                else:
-                    s_active[ss] = False
-                    for mm in range(M):
-                        o = sticky[ss * M + mm]
-                        n_sticky[o] -= 1
-                        if ded_mode:
-                            _job_remove(jobs, n_jobs, job_pos, ded_of[mm], ss, ss * M + mm, M, mm)
-                            ed = sm_hbm[SM + ss * M + mm]
-                            if ed >= 0:  # the session is over: its warm copy is dead weight
-                                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, ed)
-                        else:
-                            _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
-                if eager:
-                    for mm in range(M):
-                        if mm == m:
-                            continue
-                        sm2 = ss * M + mm
-                        if sm_eager[sm2] < 0 and n_eager < RE and s_active[ss]:
-                            j = sticky[sm2]
-                            _queue_eager(Nn + C + n_eager, sm2, j, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                                         r_next, q_head, q_tail, q_len, inst_next, busy_until)
-                            n_eager += 1
-            elif kind == K_EAGER:
-                sm = r_ref[r]
-                ss = sm // M
-                sm_eager[sm] = -1
-                if s_active[ss] and s_target[ss] > r_prompt[r] and n_eager < RE:
-                    _queue_eager(Nn + C + n_eager, sm, i, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                                 r_next, q_head, q_tail, q_len, inst_next, busy_until)
-                    n_eager += 1
-        n_run[i] = keep
-        busy_until[i] = t_end
+        _account_iteration(i, now, t_end, dur, base_t, sh_tok, stretch_branch, lm, cap_t, delta, shadow_mode, warm,
+                           meas_end, p_idle, p_mem, p_max, inst_tp, credit, used, istats, gstats, itf, iti)
+        n_eager, nh, outstanding = _finish_iteration(
+            i, now, t_end, m, iti[I_NRUN], n_eager, nh, outstanding, M, C, Nn, RE, SM, harvesting, eager, ded_mode,
+            cache_normal, warm, meas_end, run, n_run, chunk_q, busy_until, inst_next, pend_tok, q_head, q_tail, q_len,
+            r_next, r_kind, r_ref, r_inst, r_arr, r_prompt, r_output, r_hist, r_done, r_gen, r_iters, r_first,
+            r_finish, r_ready, r_res, c_sess, c_gap, c_out, n_out, s_offsets, s_measured, s_active, s_cur, s_target,
+            sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs, job_pos, ht, hv, ent, last, lists,
+            used, free_stack, nfree)
         inst_next[i] = t_end
 
     gstats[G_INVARIANT_ERRORS] = _check_invariants(ent, lists, used, inst_caps, nfree, sm_hbm, sm_host, run, n_run,

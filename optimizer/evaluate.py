@@ -55,23 +55,9 @@ class Evaluation:
 
 
 def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:
-    """Validate a threshold vector for ``spec`` at concurrency ``N``."""
-    if int(N) != N or N < 1:
-        raise SpecError(f"N must be an integer >= 1, got {N!r}")
-    try:
-        Bt = tuple(int(b) for b in B)
-    except (TypeError, ValueError):
-        raise SpecError(f"B must be a list of integers, got {B!r}") from None
-    if any(int(b) != b for b in B):
-        raise SpecError(f"B must be integers, got {tuple(B)}")
-    if len(Bt) != spec.M:
-        raise SpecError(f"B has {len(Bt)} entries but the system has M = {spec.M} models")
-    if any(b < 1 for b in Bt):
-        raise SpecError(f"every threshold B_i must be >= 1, got B = {Bt}")
-    if sum(b - 1 for b in Bt) >= N:
-        raise SpecError(f"B = {Bt} is infeasible for N = {N}: sum(B_i - 1) = {sum(b - 1 for b in Bt)} "
-                        f"must be < N (otherwise the system can deadlock)")
-    return Bt
+    """Validate a threshold vector for ``spec`` at concurrency ``N`` (the rule of :mod:`tr_core.feasibility`)."""
+    from tr_core.feasibility import check_thresholds as check
+    return check(B, N, spec.M)
 
 
 def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,

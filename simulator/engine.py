@@ -127,22 +127,9 @@ class SimulationResult:
 
 
 def validate_thresholds(B: Any, M: int, N: int) -> tuple[int, ...]:
-    """Check a threshold vector: M integers >= 1 with sum(B_i - 1) < N."""
-    try:
-        Bt = tuple(B)
-    except TypeError:
-        raise SpecError(f"B must be a sequence of {M} integers, got {B!r}") from None
-    if len(Bt) != M:
-        raise SpecError(f"B must have M = {M} entries (one per model), got {len(Bt)}")
-    out = []
-    for i, b in enumerate(Bt):
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer, float)) or int(b) != b or b < 1:
-            raise SpecError(f"B[{i}] must be an integer >= 1, got {b!r}")
-        out.append(int(b))
-    if sum(b - 1 for b in out) >= N:
-        raise SpecError(f"B = {tuple(out)} is infeasible for N = {N}: sum(B_i - 1) = {sum(b - 1 for b in out)} "
-                        f"must be < N (otherwise the system can deadlock)")
-    return tuple(out)
+    """Check a threshold vector: M integers >= 1 with sum(B_i - 1) < N (the rule of :mod:`tr_core.feasibility`)."""
+    from tr_core.feasibility import check_thresholds
+    return check_thresholds(B, N, M)
 
 
 def _positive_int(v: Any, name: str) -> int:

@@ -111,20 +111,11 @@ class SimulatedOptimum:
 
 
 def feasible_thresholds(M: int, N: int) -> list[tuple[int, ...]]:
-    """All B in {1..N}^M with sum(B_i - 1) < N, in lexicographic order."""
+    """All B in {1..N}^M with sum(B_i - 1) < N, in lexicographic order (:mod:`tr_core.feasibility`)."""
     if M < 1 or N < 1:
         raise SpecError(f"need M >= 1 and N >= 1, got M = {M}, N = {N}")
-    out: list[tuple[int, ...]] = []
-
-    def rec(prefix: list[int], left: int) -> None:
-        if len(prefix) == M:
-            out.append(tuple(prefix))
-            return
-        for x in range(left + 1):
-            rec(prefix + [x + 1], left - x)
-
-    rec([], N - 1)
-    return out
+    from tr_core.feasibility import iter_feasible
+    return list(iter_feasible(N, M))
 
 
 def paired_difference(a: SimulationResult, b: SimulationResult, confidence: float = 0.95) -> tuple[float, float]:

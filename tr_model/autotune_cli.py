@@ -278,10 +278,8 @@ def _cmd_measure(a) -> int:
             raise SpecError(f"--thresholds has {table.num_models} models, the system has {spec.M}")
         B, thresholds = table.lookup(a.clients), table
     else:
-        B = tuple(a.B)
-        if len(B) != spec.M or min(B) < 1 or sum(b - 1 for b in B) >= a.clients:
-            raise SpecError(f"--B needs {spec.M} integers >= 1 with sum(B_i - 1) < --clients = {a.clients}, "
-                            f"got {list(B)}")
+        from tr_core.feasibility import check_thresholds
+        B = check_thresholds(a.B, a.clients, spec.M, name="--B")
         thresholds = B
     ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
     r = measure_closed_loop(spec, a.clients, thresholds, ex, duration_s=a.duration_s, warmup_s=a.warmup_s,

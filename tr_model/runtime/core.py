@@ -375,10 +375,8 @@ async def run_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: 
     M = spec.M
     if isinstance(thresholds, FixedThresholds):
         B = thresholds.thresholds
-        if len(B) != M:
-            raise ValueError(f"thresholds has {len(B)} entries, the spec has M = {M} models")
-        if sum(b - 1 for b in B) >= n_clients:
-            raise ValueError(f"thresholds {list(B)} are infeasible for N = {n_clients}: sum(B_i - 1) must be < N")
+        from tr_core.feasibility import check_thresholds
+        check_thresholds(B, n_clients, M, name="thresholds")  # SpecError is a ValueError
     router = router or MatrixRouter(spec.routing_matrix, spec.committed_tokens)
     rt = TokenRouterRuntime(M, thresholds, executor, router, spec.max_batch_size)
     rt.slices = [0.0] * max(0, int(slices))

@@ -50,7 +50,7 @@ class Evaluation:
             "admission_latency_ms": [None if not np.isfinite(x) else x for x in self.admission_latency_ms],
             "states": self.states, "transitions": self.transitions, "recurrent_states": self.recurrent_states,
             "residual": self.residual, "solver": self.solver, "iterations": self.iterations,
-            "seconds": self.seconds, "bytes_used": self.bytes_used,
+            "seconds": self.seconds, "bytes_used": self.bytes_used, "cached": self.cached,
         }
 
 

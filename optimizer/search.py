@@ -133,6 +133,7 @@ class Optimum:
             "solver": self.solver, "evaluated": self.evaluated, "seconds": self.seconds,
             "certificate": self.certificate, "upper_bound_tok_s": self.upper_bound_tok_s, "gap": self.gap,
             "pruned": self.pruned, "pruned_by": dict(self.pruned_by), "unresolved": self.unresolved,
+            "cached": sum(1 for e in self.evaluations if e.cached),
         }
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import tr_model
-import tr_model.api
+import tr_model.autotune as autotune
 from tr_model.autotune import inputs_sha256, on_server_start, solver_options, tune
 from tr_core.spec import save_spec
 from tr_model.thresholds import ThresholdTable, WatchedThresholds
@@ -26,8 +26,9 @@ SPEC = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
 
 def _no_compute(monkeypatch):
     def boom(*a, **k):
-        raise AssertionError("optimize must not be called")
-    monkeypatch.setattr(tr_model.api, "optimize", boom)
+        raise AssertionError("nothing may be computed")
+    monkeypatch.setattr(autotune, "_optimize", boom)
+    monkeypatch.setattr(autotune, "spawn_worker", boom)
 
 
 def test_first_start_computes_second_returns_at_once(tmp_path, monkeypatch):
@@ -51,12 +52,12 @@ def test_first_start_computes_second_returns_at_once(tmp_path, monkeypatch):
     assert doc["provenance"]["inputs_sha256"] == inputs_sha256(SPEC, 6, solver_options())
     assert (cache / (doc["provenance"]["inputs_sha256"] + ".json")).exists()
 
-    _no_compute(monkeypatch)
+    assert [x["certificate"] for x in doc["entries"]] == ["exhaustive"] * 6 or \
+        {x["certificate"] for x in doc["entries"]} <= {"exhaustive", "pruned-exact"}
+    assert not (tmp_path / "th.json.lock").exists() and not (tmp_path / "th.json.worker-job.json").exists()
+    _no_compute(monkeypatch)     # a second start reads the file: no optimization, no worker
     before = out.read_bytes()
-    t0 = time.perf_counter()
     t2 = on_server_start(SPEC, 6, out, time_budget_s=120, cache_dir=cache, background=True)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.25, elapsed
     assert t2.source == "file" and t2.thresholds == t.thresholds
     assert out.read_bytes() == before
     # a new output path is served from the cache directory without computing
@@ -78,10 +79,11 @@ def test_inputs_hash_tracks_what_matters():
 def test_time_budget_writes_a_partial_table_then_resumes(tmp_path):
     out = tmp_path / "th.json"
     t = on_server_start(SPEC, 7, out, time_budget_s=0.0, background=False)
-    assert t.covered_concurrency == 1 and not t.complete
+    assert t.covered_concurrency <= 1 and not t.complete            # the worker was killed at once
     disk = ThresholdTable.load(out)
-    assert not disk.complete and disk.covered_concurrency == 1 and disk.lookup(7) == (1, 1)
+    assert not disk.complete and disk.lookup(7) == (1, 1) and disk.certificate(7) == "extrapolated"
     assert "time budget" in json.loads(out.read_text())["provenance"]["stopped_reason"]
+    assert sorted(os.listdir(tmp_path)) == ["th.json"]              # no lock, job, log or temp file left
     t = on_server_start(SPEC, 7, out, time_budget_s=120, background=False)
     assert t.complete and t.covered_concurrency == 7
     assert ThresholdTable.load(out, require_concurrency=7).lookup(7) == t.lookup(7)
@@ -97,11 +99,9 @@ def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
     assert lock["pid"] != os.getpid()
     # a second start while the worker runs: no recompute, no second worker
     _no_compute(monkeypatch)
-    t0 = time.perf_counter()
     t1 = on_server_start(SPEC, 12, out, time_budget_s=0.0, cache_dir=tmp_path / "c", background=True)
-    assert time.perf_counter() - t0 < 0.25
     assert json.loads((tmp_path / "th.json.lock").read_text())["pid"] == lock["pid"]
-    assert t1.covered_concurrency >= 1
+    assert t1.lookup(1) == (1, 1) and not t1.complete
     deadline = time.time() + 150
     reads = 0
     while time.time() < deadline:
@@ -122,9 +122,9 @@ def test_background_worker_completes_the_file_atomically(tmp_path, monkeypatch):
     ref = tune(SPEC, 12, tmp_path / "fg.json")
     assert tab.thresholds == ref.thresholds
     assert tab.predicted_tok_s == pytest.approx(ref.predicted_tok_s, rel=1e-9)
-    t0 = time.perf_counter()
+    _no_compute(monkeypatch)
     t2 = on_server_start(SPEC, 12, out, cache_dir=tmp_path / "c")
-    assert time.perf_counter() - t0 < 0.25 and t2.complete
+    assert t2.complete and t2.thresholds == ref.thresholds
 
 
 def test_a_start_with_other_inputs_stops_the_old_worker(tmp_path):
@@ -149,20 +149,67 @@ def test_a_start_with_other_inputs_stops_the_old_worker(tmp_path):
             os.waitpid(pid, 0)
     assert exited
     assert ThresholdTable.load(out).inputs_sha256 == inputs_sha256(other, 3, solver_options())
-    assert "taken over" in (tmp_path / "th.json.worker.log").read_text()
 
 
-def test_computation_failure_logs_one_line_and_returns_eager(tmp_path, monkeypatch, caplog):
+def test_unexpected_failure_logs_one_line_and_returns_eager(tmp_path, monkeypatch, caplog):
     def broken(*a, **k):
-        raise RuntimeError("solver exploded\nsecond line")
-    monkeypatch.setattr(tr_model.api, "optimize", broken)
+        raise RuntimeError("disk exploded\nsecond line")
+    monkeypatch.setattr(autotune, "spawn_worker", broken)
     with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
         t = on_server_start(SPEC, 5, tmp_path / "th.json", time_budget_s=1, background=True)
     assert t.source == "fallback" and t.lookup(3) == (1, 1) and t.covered_concurrency == 5
     recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
-    assert len(recs) == 1 and "solver exploded" in recs[0].getMessage()
+    assert len(recs) == 1 and "disk exploded" in recs[0].getMessage()
     assert "\n" not in recs[0].getMessage() and "eager" in recs[0].getMessage()
-    assert not (tmp_path / "th.json").exists()
+
+
+def _curve_spec(bad_at):
+    """R2R whose small model's latency leaves the 0.1 ms grid at batch size ``bad_at``: N < bad_at works,
+    N = bad_at fails (off-grid latency, no rounding) in the worker exactly as a broken N would."""
+    sizes = list(range(1, bad_at + 1))
+    lat = [6.0] * (bad_at - 1) + [6.05]
+    return tr_model.make_spec([6.0, 27.9], [[0.65, 0.35], [1.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]],
+                              latency_curves=[{"batch_size": sizes, "step_latency_ms": lat}, None])
+
+
+def test_a_failing_n_keeps_the_rows_already_computed(tmp_path, caplog):
+    spec = _curve_spec(4)
+    out = tmp_path / "th.json"
+    with pytest.raises(tr_model.SpecError, match=r"N = 4 failed: .*batch size 4.*rows N = 1..3 are kept"):
+        tune(spec, 6, out)                                          # strict form (CLI): reports, keeps rows
+    t = ThresholdTable.load(out)
+    assert t.covered_concurrency == 3 and t.certificate(6) == "extrapolated" and t.lookup(6) == t.lookup(3)
+    assert t.lookup(3) == tr_model.optimize(spec, 3).best_B
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["resumable"] is False and prov["stopped_reason"].startswith("N = 4 failed")
+    out.unlink()
+    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):   # the hook: worker process, one line
+        t = on_server_start(spec, 6, out, time_budget_s=120, background=True)
+    assert t.covered_concurrency == 3 and t.source == "file" and t.lookup(5) == t.lookup(3)
+    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+    assert len(recs) == 1 and "N = 4 failed" in recs[0] and "N = 1..3" in recs[0], recs
+
+
+def test_a_corrupted_file_is_logged_before_it_is_replaced(tmp_path, caplog):
+    out = tmp_path / "th.json"
+    out.write_text('{"schema_version": 2, "entries": [')
+    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+        t = on_server_start(SPEC, 3, out, time_budget_s=120, background=False)
+    assert t.complete
+    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+    assert len(recs) == 1 and "corrupted" in recs[0] and str(out) in recs[0] and "not valid JSON" in recs[0]
+
+
+def test_an_unwritable_cache_folder_keeps_the_computed_table(tmp_path, caplog):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with _read_only_dir(cache):
+        with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+            t = tune(SPEC, 3, tmp_path / "th.json", cache_dir=cache)
+        assert t.complete and t.source == "file" and t.lookup(3) != (1, 1)
+        recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+        assert len(recs) == 1 and "cache folder" in recs[0]
+        assert os.listdir(cache) == []
 
 
 def test_state_space_limit_stops_the_table(tmp_path):
@@ -256,3 +303,29 @@ def test_cli_run_show_and_bad_input(tmp_path):
     assert one_error(_cli("--spec", str(tmp_path / "nope.json"), "--max-concurrency", "3", "--out", str(out)))
     assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(tmp_path / "no" / "x.json")))
     assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(out), "--background"))
+
+
+def test_the_budget_is_a_limit_when_the_work_is_slow(tmp_path, monkeypatch):
+    """A cold numba cache (every kernel compiles, tens of seconds) and then N = 60 (a search of minutes):
+    the start returns with the rows it has while that work is still running, and the worker can be killed."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cold-numba-cache"))   # inherited by the worker
+    out = tmp_path / "th.json"
+    h = inputs_sha256(SPEC, 80, solver_options())
+    rows = [{"active_requests": n, "thresholds": [1, 1], "certificate": "exhaustive", "predicted_tok_s": 1.0,
+             "upper_bound_tok_s": 1.0, "gap": 0.0, "eager_tok_s": 1.0, "seconds": 0.0} for n in range(1, 60)]
+    autotune.write_thresholds(out, autotune.thresholds_document(SPEC, 80, rows, inputs_hash=h,
+                                                                provenance={"resumable": True}))
+    budget = 1.0
+    t0 = time.monotonic()
+    t = on_server_start(SPEC, 80, out, time_budget_s=budget, background=True)
+    elapsed = time.monotonic() - t0
+    proc = autotune._WORKERS.get(str(out))
+    try:
+        assert proc is not None and proc.poll() is None       # returned while the slow work still runs
+        assert t.covered_concurrency == 59 and t.certificate(80) == "extrapolated" and t.lookup(80) == (1, 1)
+        assert "time budget of 1 s" in t.provenance["stopped_reason"]
+        assert elapsed < budget + 20.0, elapsed                 # generous: the compile alone takes longer
+    finally:
+        assert autotune.stop_worker(out)
+    assert proc.poll() is not None and not (tmp_path / "th.json.lock").exists()
+    assert ThresholdTable.load(out).covered_concurrency == 59  # the killed worker left a valid file

@@ -200,9 +200,20 @@ def test_written_file_matches_the_json_schema(tmp_path):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     bad = copy.deepcopy(doc)
-    bad["schema_version"] = 2
+    bad["schema_version"] = 3
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+    bad = copy.deepcopy(doc)
+    bad["entries"][1].update(certificate="certified", gap=None)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    # a partial table: computed rows, then extrapolated ones; both the schema and the reader accept it
+    from tr_model.autotune import inputs_sha256, thresholds_document
+    part = thresholds_document(spec, 6, doc["entries"][:2], inputs_hash=inputs_sha256(spec, 6))
+    jsonschema.validate(part, schema)
+    assert [e["certificate"] for e in part["entries"]] == ["exhaustive"] * 2 + ["extrapolated"] * 4
+    t = ThresholdTable.from_dict(part)
+    assert t.covered_concurrency == 2 and t.lookup(6) == t.lookup(2) and not t.complete
 
 
 # ---- the reader's contract: ThresholdFileError and nothing else, whatever the file holds ----

@@ -2,59 +2,84 @@
 
 A TokenRouter-style server needs ``B*(N)`` for the live number N of active
 requests (global state tracking) from its first second.  :func:`on_server_start`
-gives it a :class:`~tr_model.thresholds.ThresholdTable` at once:
+gives it a :class:`~tr_model.thresholds.ThresholdTable` within its time
+budget, always:
 
 1. **Inputs hash.**  ``inputs_sha256`` = SHA-256 of the canonical JSON of
    ``{spec without provenance, max_concurrency, tool version, file schema
-   version, solver options}``.  If ``out`` (or ``cache_dir/<hash>.json``)
-   already holds a complete table with the same hash, it is returned without
-   any computation (a second server start costs one file read).
-2. **Foreground, within ``time_budget_s``.**  Otherwise N = 1, 2, ... are
-   optimized in order (``tr_model.optimize``; N = 1 always), resuming after the
-   last N of a partial file with the same hash.  Before each N the cost is
-   predicted from the previous ones (``t(N) * max(2, t(N) / t(N-1))``, the
-   chain grows quickly with N) and the loop stops when the prediction would
-   overrun the budget.  The table computed so far is written atomically
-   (temp file in the same folder, fsync, rename) with ``complete: false``.
-3. **Background.**  With ``background=True`` the rest is computed by a
-   separate process (``python -m tr_model.autotune_cli run ... --worker-lock``,
-   new session) that resumes from the partial file and replaces it atomically
-   as it progresses and when done.  A lock file ``<out>.lock`` holding the
-   worker's token, pid and inputs hash keeps a second server start from
-   launching a duplicate worker; a start for other inputs replaces the token,
-   and the old worker stops (without writing) at its next ownership check.
-4. **Failure.**  A computation failure never raises into the server: one line
-   is logged (logger ``tr_model.autotune``) and the eager fallback (all
-   thresholds 1, ``ThresholdTable.eager``) is returned.  If only the write
-   fails (unwritable folder) the old file is left intact, one line is logged
-   and the freshly computed table is returned from memory.
+   version, solver and search options}``.  If ``out`` (or
+   ``cache_dir/<hash>.json``) already holds a complete table with the same
+   hash, it is returned without any computation (one file read).  A file that
+   exists but cannot be read is logged as corrupted before it is replaced.
+2. **The budget is a limit.**  Otherwise the computation runs in a separate
+   worker process (``python -m tr_model.autotune --worker JOB``, its own
+   session), never in the server's process: the foreground first writes
+   ``out`` with the rows it already has (a partial file with the same hash is
+   resumed) and *extrapolated* rows for the rest, starts the worker and waits
+   at most until ``start + time_budget_s``.  The worker optimizes N = 1, 2, ...
+   in order and replaces ``out`` atomically (temp file, fsync, rename) at most
+   every ``0.2`` s, so at the deadline the foreground returns every row the
+   worker has written.  A cold numba cache or one expensive N therefore costs
+   the server nothing but the budget.
+3. **Background.**  With ``background=True`` the worker keeps running after
+   the deadline and completes ``out``; a server follows it with
+   :class:`~tr_model.thresholds.WatchedThresholds` (the returned table is a
+   snapshot).  :func:`stop_worker` kills it.  With ``background=False`` the
+   worker is killed at the deadline and the partial file says why.  A lock
+   file ``<out>.lock`` holding the worker's token, pid and inputs hash keeps a
+   second server start from launching a duplicate worker; a start for other
+   inputs replaces the token, and the old worker stops (without writing) at
+   its next ownership check.
+4. **Rows say how they were obtained.**  Each N is optimized by
+   ``optimizer.search.optimize_thresholds`` with ``search`` (default
+   ``"auto"``: exact, with proven pruning, where it fits; certified with a
+   relative gap of at most ``max_gap`` above); the row's ``certificate`` is
+   ``exhaustive``, ``pruned-exact``, ``certified`` (with ``upper_bound_tok_s``
+   and ``gap``) or ``local``.  Rows not computed (budget spent, a chain over
+   ``max_states``, a failed N) are written as ``extrapolated`` from the
+   largest computed N (all ones when none is computed yet).
+5. **Failure.**  Nothing raises into the server.  A failing N keeps the rows
+   already computed (the table stops there, ``resumable: false``, one log
+   line); an unwritable ``out`` folder makes the worker compute into a
+   private temporary folder and the computed table is returned from memory
+   (``source == "memory"``); an unwritable ``cache_dir`` only skips the cache
+   copy; anything unexpected logs one line and returns the eager fallback.
 
-If the chain for some N exceeds ``max_states`` (``StateSpaceTooLarge``) the
-table stops at N - 1 with ``complete: false`` and ``provenance.resumable:
-false``; runtimes then use ``B*(N - 1)`` for larger N (``lookup`` clamps).
+Without a budget (``time_budget_s=None``, the CLI's default) the table is
+computed in the calling process.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import glob
+import inspect
 import json
 import logging
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Mapping
 
 from tr_core.errors import SpecError, StateSpaceTooLarge
-from tr_core.spec import SystemSpec, spec_to_dict
+from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
                                  canonical_sha256, spec_sha256)
 
 TOOL = "tr-autotune"
+SEARCHES = ("auto", "exhaustive", "local")
+WORKER_WRITE_INTERVAL_S = 0.2
 log = logging.getLogger("tr_model.autotune")
 
-__all__ = ["on_server_start", "tune", "inputs_sha256", "thresholds_document", "write_thresholds", "solver_options"]
+__all__ = ["on_server_start", "tune", "inputs_sha256", "thresholds_document", "write_thresholds", "solver_options",
+           "stop_worker", "spawn_worker"]
+
+_WORKERS: dict[str, subprocess.Popen] = {}  # out path -> the worker this process started for it
 
 
 def _tool_version() -> str:
@@ -66,10 +91,24 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
 def solver_options(solver: str = "auto", tol: float | None = None, max_states: int | None = None,
-                   round_to_grid: bool = False) -> dict:
-    """The options passed to ``tr_model.optimize`` (part of the inputs hash)."""
-    return {"solver": solver, "tol": tol, "max_states": max_states, "round_to_grid": bool(round_to_grid)}
+                   round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
+                   max_evaluations: int | None = None) -> dict:
+    """The options of the per-N optimization (part of the inputs hash)."""
+    if search not in SEARCHES:
+        raise SpecError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}")
+    if isinstance(max_gap, bool) or not isinstance(max_gap, (int, float)) or not 0 <= max_gap < 1:
+        raise SpecError(f"max_gap must be a number in [0, 1), got {max_gap!r}")
+    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
+                                        or max_evaluations < 1):
+        raise SpecError(f"max_evaluations must be an integer >= 1, got {max_evaluations!r}")
+    return {"solver": solver, "tol": tol, "max_states": max_states, "round_to_grid": bool(round_to_grid),
+            "search": search, "max_gap": float(max_gap), "max_evaluations": max_evaluations}
 
 
 def inputs_sha256(spec: SystemSpec, max_concurrency: int, options: Mapping[str, Any] | None = None) -> str:
@@ -80,17 +119,42 @@ def inputs_sha256(spec: SystemSpec, max_concurrency: int, options: Mapping[str, 
                              "options": dict(options or solver_options())})
 
 
+def _computed(entries: list) -> list:
+    """The computed prefix of a document's rows (extrapolated rows are a suffix)."""
+    out = []
+    for e in entries:
+        if e.get("certificate") == "extrapolated":
+            break
+        out.append(e)
+    return out
+
+
+def _extrapolated(computed: list, max_concurrency: int, M: int) -> list:
+    """Rows N = K+1..max_concurrency copying B*(K), K the largest computed N (all ones when none is)."""
+    if computed:
+        k, b = computed[-1]["active_requests"], list(computed[-1]["thresholds"])
+    else:
+        k, b = None, [1] * M
+    return [{"active_requests": n, "thresholds": list(b), "certificate": "extrapolated", "extrapolated_from": k}
+            for n in range(len(computed) + 1, max_concurrency + 1)]
+
+
 def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *, inputs_hash: str,
                         provenance: Mapping[str, Any] | None = None) -> dict:
-    """The thresholds file's JSON document (``complete`` follows from the entries)."""
+    """The thresholds file's JSON document: the computed rows, then extrapolated rows up to max_concurrency."""
+    computed = _computed(entries)
     sdoc = spec_to_dict(spec)
     prov = {"tool": TOOL, "tool_version": _tool_version(), "inputs_sha256": inputs_hash}
     prov.update(provenance or {})
-    residuals = [e["residual"] for e in entries if e.get("residual") is not None]
-    solvers = sorted({e["solver"] for e in entries if e.get("solver")})
+    residuals = [e["residual"] for e in computed if e.get("residual") is not None]
+    solvers = sorted({e["solver"] for e in computed if e.get("solver")})
+    gaps = [e["gap"] for e in computed if e.get("gap") is not None]
     prov["max_residual"] = max(residuals) if residuals else None
     prov["solver"] = ",".join(solvers) if solvers else None
-    prov["compute_seconds"] = float(sum(e.get("seconds", 0.0) for e in entries))
+    prov["max_gap"] = max(gaps) if gaps else None
+    prov["certificates"] = {c: sum(1 for e in computed if e.get("certificate") == c)
+                            for c in sorted({e.get("certificate") for e in computed if e.get("certificate")})}
+    prov["compute_seconds"] = float(sum(e.get("seconds", 0.0) for e in computed))
     return {
         "schema_version": THRESHOLDS_SCHEMA_VERSION,
         "format": THRESHOLDS_FORMAT,
@@ -100,9 +164,9 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
         "spec": sdoc,
         "spec_sha256": spec_sha256(sdoc),
         "max_concurrency": int(max_concurrency),
-        "complete": len(entries) == max_concurrency,
+        "complete": len(computed) == max_concurrency,
         "fallback_thresholds": [1] * spec.M,
-        "entries": entries,
+        "entries": computed + _extrapolated(computed, max_concurrency, spec.M),
         "provenance": prov,
     }
 
@@ -118,25 +182,68 @@ def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
     atomic_write(path, dump)
 
 
-def _entry(opt: Any) -> dict:
-    def num(x):
+def _num(x):
+    try:
         return None if x is None or not math.isfinite(float(x)) else float(x)
-    return {"active_requests": int(opt.N), "thresholds": [int(b) for b in opt.best_B],
-            "predicted_tok_s": float(opt.throughput_tok_s), "eager_tok_s": float(opt.eager_throughput_tok_s),
-            "gain_vs_eager": num(opt.gain_vs_eager), "states": int(opt.states), "residual": num(opt.residual),
-            "solver": str(opt.solver), "evaluated": int(opt.evaluated), "seconds": float(opt.seconds)}
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _entry(opt: Any, search: str) -> dict:
+    """One computed row from an ``Optimum`` (and the certificate the search gives it)."""
+    thr = float(opt.throughput_tok_s)
+    cert = getattr(opt, "certificate", None) or ("local" if search == "local" else "exhaustive")
+    upper = _num(getattr(opt, "upper_bound_tok_s", None))
+    if cert in ("exhaustive", "pruned-exact"):
+        upper, gap = thr, 0.0
+    elif cert == "certified":
+        if upper is None:
+            raise SpecError(f"N = {opt.N}: the search certified a row without an upper bound")
+        upper = max(upper, thr)
+        gap = (upper - thr) / thr if thr > 0 else None
+    else:
+        gap = None
+    return {"active_requests": int(opt.N), "thresholds": [int(b) for b in opt.best_B], "certificate": cert,
+            "predicted_tok_s": thr, "upper_bound_tok_s": upper, "gap": gap,
+            "eager_tok_s": float(opt.eager_throughput_tok_s), "gain_vs_eager": _num(opt.gain_vs_eager),
+            "states": int(opt.states), "residual": _num(opt.residual), "solver": str(opt.solver),
+            "evaluated": int(opt.evaluated), "pruned": int(getattr(opt, "pruned", 0) or 0),
+            "seconds": float(opt.seconds)}
+
+
+def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None):
+    """B* at one N with the configured search (the certified search when the optimizer has it)."""
+    from optimizer import search as S
+    kw = {k: opts[k] for k in ("solver", "tol", "max_states", "round_to_grid")}
+    params = inspect.signature(S.optimize_thresholds).parameters
+    if "search" in params:
+        kw["search"] = opts["search"]
+        if "max_gap" in params:
+            kw["max_gap"] = opts["max_gap"]
+        if "max_evaluations" in params and opts.get("max_evaluations") is not None:
+            kw["max_evaluations"] = opts["max_evaluations"]
+        return S.optimize_thresholds(spec, n, **kw)
+    if opts["search"] == "local":
+        return S.optimize_local(spec, n, start=start, **kw)
+    return S.optimize_thresholds(spec, n, **kw)
 
 
 def _load_matching(path: str, inputs_hash: str) -> dict | None:
-    """The document at ``path`` if it is a valid table for exactly these inputs, else None."""
+    """The document at ``path`` if it is a valid table for exactly these inputs, else None.
+
+    A file that exists but cannot be read or validated is logged as corrupted (it will be replaced).
+    """
+    if not os.path.lexists(path):
+        return None
     try:
         table = ThresholdTable.load(path)
-    except ThresholdFileError:
+        if table.inputs_sha256 != inputs_hash:
+            return None
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (ThresholdFileError, OSError, ValueError) as e:
+        log.warning("tr-autotune: %s is corrupted and will be replaced (%s)", path, _first_line(e))
         return None
-    if table.inputs_sha256 != inputs_hash:
-        return None
-    with open(path, "r", encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _lock_path(out: str) -> str:
@@ -150,7 +257,7 @@ def _read_lock(lock: str) -> dict | None:
             d = json.load(f)
         token = str(d["token"])
         pid = d.get("pid")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     if pid is None:  # written just before the worker was started; stale if that start never completed
         try:
@@ -162,12 +269,12 @@ def _read_lock(lock: str) -> dict | None:
         os.kill(int(pid), 0)  # signal 0: existence check only, nothing is delivered
     except ProcessLookupError:
         return None
-    except (PermissionError, ValueError, OverflowError):
+    except (PermissionError, ValueError, OverflowError, TypeError):
         pass
     try:  # a finished child of this very process is a zombie until reaped: reap it, it is gone
         if os.waitpid(int(pid), os.WNOHANG)[0] == int(pid):
             return None
-    except (ChildProcessError, ValueError, OverflowError):
+    except (ChildProcessError, ValueError, OverflowError, TypeError):
         pass
     return d
 
@@ -179,7 +286,7 @@ def _owns_lock(lock: str | None, token: str | None) -> bool:
     try:
         with open(lock, "r", encoding="utf-8") as f:
             return json.load(f).get("token") == token
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -192,29 +299,70 @@ def _revoke_other_worker(out: str, inputs_hash: str) -> None:
             os.unlink(lock)  # the worker checks its token in the lock before every write
         except OSError:
             pass
+        stop_worker(out)
+
+
+def stop_worker(out: str | os.PathLike) -> bool:
+    """Kill the background worker this process started for ``out`` (True if one was running).
+
+    Only a worker started by this very process is signalled (its process
+    group, through the ``Popen`` it holds: no pid read from a file).  Its last
+    atomic write stays; the lock and job file are removed.
+    """
+    out = os.fspath(out)
+    proc = _WORKERS.pop(out, None)
+    if proc is None or proc.poll() is not None:
+        return False
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    _remove_worker_files(out)
+    return True
+
+
+def _remove_worker_files(out: str, *, log_file: bool = False) -> None:
+    leftovers = [_lock_path(out), out + ".worker-job.json"]
+    if log_file:
+        leftovers.append(out + ".worker.log")
+    # temp files of an atomic write the killed worker did not finish
+    leftovers += glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.abspath(out))),
+                                        "." + glob.escape(os.path.basename(out)) + ".*.tmp"))
+    for p in leftovers:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time_budget_s: float | None = None,
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
+         search: str = "auto", max_gap: float = 0.005, max_evaluations: int | None = None,
          worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
-         write_interval_s: float = 1.0, keep_on_write_error: bool = False) -> ThresholdTable:
+         write_interval_s: float = 1.0, keep_on_write_error: bool = False,
+         clock: Callable[[], float] = time.monotonic) -> ThresholdTable:
     """Make ``out`` hold the table for these inputs (reuse, resume or compute); raises on errors.
 
     This is the strict form used by the CLI; servers call :func:`on_server_start`.
-    ``keep_on_write_error``: when ``out`` cannot be written, log one line and
-    return the computed table from memory instead of raising (the old file,
-    if any, is left intact).
+    With ``time_budget_s`` the computation runs in a worker process and this
+    call returns by ``clock() + time_budget_s`` (see the module docstring);
+    without it, it runs here until done.  ``keep_on_write_error``: when
+    ``out`` cannot be written, log one line and return the computed table
+    from memory instead of raising (the old file, if any, is left intact).
     """
+    t_start = clock()
     if not isinstance(spec, SystemSpec):
         raise SpecError("spec must be a SystemSpec (build it with tr_model.make_spec or tr_model.load_spec)")
-    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-        raise SpecError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
-    if time_budget_s is not None and (not math.isfinite(time_budget_s) or time_budget_s < 0):
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or not 1 <= max_concurrency <= 10 ** 6:
+        raise SpecError(f"max_concurrency must be an integer in 1..1000000, got {max_concurrency!r}")
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
+                                      or not math.isfinite(time_budget_s) or time_budget_s < 0):
         raise SpecError(f"time_budget_s must be >= 0 seconds, got {time_budget_s!r}")
     out = os.fspath(out)
-    opts = solver_options(solver, tol, max_states, round_to_grid)
+    opts = solver_options(solver, tol, max_states, round_to_grid, search, max_gap, max_evaluations)
     h = inputs_sha256(spec, max_concurrency, opts)
     cache_file = os.path.join(os.fspath(cache_dir), h + ".json") if cache_dir is not None else None
     if worker_lock is None:
@@ -238,73 +386,167 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
         if cur is not None and cur.get("inputs_sha256") == h:
             # a worker is already completing this very table: serve what it has written so far
             return ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
+    if time_budget_s is None or worker_lock is not None:
+        return _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token,
+                             progress, write_interval_s, keep_on_write_error)
+    return _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, t_start + time_budget_s,
+                                  time_budget_s, background, keep_on_write_error, clock)
 
-    entries = list(doc["entries"]) if doc else []
+
+def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token, progress,
+                  write_interval_s, keep_on_write_error) -> ThresholdTable:
+    """Optimize N = K+1..max_concurrency in this process, writing ``out`` as rows arrive."""
+    entries = _computed(doc["entries"]) if doc else []
     created = doc["provenance"].get("created_utc", _now()) if doc else _now()
-    t0 = time.perf_counter()
     stopped: str | None = None
     resumable = True
-    last_write = time.perf_counter()
-    import tr_model  # the chain API; imported here because it pulls in numba
+    failure: BaseException | None = None
+    last_write = time.perf_counter() - write_interval_s  # the first row is written at once
+    state = {"note": "in progress" if worker_lock is not None else None}
 
     def snapshot() -> dict:
         return thresholds_document(spec, max_concurrency, entries, inputs_hash=h, provenance={
-            "created_utc": created, "updated_utc": _now(), "stopped_reason": stopped, "resumable": resumable,
-            "options": opts})
+            "created_utc": created, "updated_utc": _now(), "stopped_reason": stopped or state["note"],
+            "resumable": resumable, "options": opts})
+
+    def check_owner():
+        if worker_lock is not None and not _owns_lock(worker_lock, worker_token):
+            raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
 
     while len(entries) < max_concurrency:
         n = len(entries) + 1
-        if time_budget_s is not None and entries:
-            secs = [e["seconds"] for e in entries[-2:]]
-            growth = max(2.0, secs[-1] / secs[0]) if len(secs) == 2 and secs[0] > 0 else 2.0
-            if time.perf_counter() - t0 + secs[-1] * growth > time_budget_s:
-                stopped = f"time budget of {time_budget_s:g} s reached before N = {n}"
-                break
         try:
-            opt = tr_model.optimize(spec, n, **opts)
+            opt = _optimize(spec, n, opts, start=entries[-1]["thresholds"] if entries else None)
+            row = _entry(opt, opts["search"])
         except StateSpaceTooLarge as e:
-            stopped, resumable = f"N = {n}: {e}", False
+            stopped, resumable = f"N = {n}: {_first_line(e)}", False
             if not entries:
                 raise
             break
-        entries.append(_entry(opt))
+        except Exception as e:  # noqa: BLE001 - keep the rows already computed, then report
+            stopped, resumable, failure = f"N = {n} failed: {_first_line(e)}", False, e
+            break
+        entries.append(row)
         if progress is not None:
             progress(entries[-1])
-        if worker_lock is not None and time.perf_counter() - last_write >= write_interval_s \
-                and len(entries) < max_concurrency:
-            if not _owns_lock(worker_lock, worker_token):
-                raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
-            write_thresholds(out, snapshot())
+        if time.perf_counter() - last_write >= write_interval_s and len(entries) < max_concurrency:
+            check_owner()
+            try:
+                write_thresholds(out, snapshot())
+            except SpecError:
+                if worker_lock is not None or not keep_on_write_error:
+                    raise
             last_write = time.perf_counter()
+    state["note"] = None
     doc = snapshot()
-    if worker_lock is not None and not _owns_lock(worker_lock, worker_token):
-        raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
+    check_owner()
+    if failure is not None and not entries:
+        raise SpecError(stopped) from None
+    table = None
     try:
         write_thresholds(out, doc)
     except SpecError as e:
         if not keep_on_write_error:
             raise
         log.warning("tr-autotune: %s; serving the computed table from memory", e)
-        return ThresholdTable.from_dict(doc, where="thresholds (in memory)")
+        table = ThresholdTable.from_dict(doc, where="thresholds (in memory)")
+    if failure is not None:
+        if keep_on_write_error:
+            log.warning("tr-autotune: %s; serving N = 1..%d, extrapolated above", stopped, len(entries))
+        else:
+            raise SpecError(f"{stopped} (rows N = 1..{len(entries)} are kept in {out!r})") from None
     if doc["complete"] and cache_file is not None:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        write_thresholds(cache_file, doc)
-    table = ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
-    if background and not doc["complete"] and resumable:
         try:
-            spawn_worker(spec, max_concurrency, out, h, cache_dir=cache_dir, options=opts)
+            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+            write_thresholds(cache_file, doc)
         except (OSError, SpecError) as e:
-            if not keep_on_write_error:
-                raise
-            log.warning("tr-autotune: cannot start the background worker (%s); the table stays partial", e)
-    return table
+            log.warning("tr-autotune: cannot keep a copy in the cache folder (%s); %s is complete", _first_line(e),
+                        out)
+    return table or ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
+
+
+def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, deadline, budget, background,
+                           keep_on_write_error, clock) -> ThresholdTable:
+    """Run the computation in a worker process and return what it has written by ``deadline``."""
+    computed = _computed(doc["entries"]) if doc else []
+    created = doc["provenance"].get("created_utc", _now()) if doc else _now()
+    placeholder = thresholds_document(spec, max_concurrency, computed, inputs_hash=h, provenance={
+        "created_utc": created, "updated_utc": _now(), "stopped_reason": "in progress", "resumable": True,
+        "options": opts})
+    target, private = out, None
+    try:
+        write_thresholds(out, placeholder)
+    except SpecError as e:
+        if not keep_on_write_error:
+            raise
+        private = tempfile.mkdtemp(prefix="tr-autotune-")
+        target = os.path.join(private, "thresholds.json")
+        log.warning("tr-autotune: %s; computing in %s and serving the table from memory", e, private)
+        write_thresholds(target, placeholder)
+    proc = spawn_worker(spec, max_concurrency, target, h, cache_dir=None if private else cache_dir, options=opts)
+    rc = None
+    while True:
+        if proc is not None:
+            rc = proc.poll()
+            if rc is not None:
+                break
+        else:  # a worker started by an earlier start fills the file: stop as soon as it is complete
+            cur = _load_matching(target, h)
+            if cur is not None and cur["complete"]:
+                break
+        left = deadline - clock()
+        if left <= 0:
+            break
+        time.sleep(min(0.05, left))
+    killed = False
+    if proc is not None and rc is None and (not background or private):
+        stop_worker(target)
+        killed = True
+    disk = _load_matching(target, h)
+    cur = disk or placeholder
+    k = len(_computed(cur["entries"]))
+    reason = cur["provenance"].get("stopped_reason")
+    if rc not in (None, 0):
+        reason = _worker_error(target) or f"the worker exited with status {rc}"
+        log.warning("tr-autotune: %s; serving N = 1..%d, extrapolated above", reason, k)
+    elif not cur["complete"] and (killed or rc is None):
+        reason = f"time budget of {budget:g} s reached with N = 1..{k} computed"
+        if killed:
+            cur = thresholds_document(spec, max_concurrency, cur["entries"], inputs_hash=h, provenance={
+                **cur["provenance"], "updated_utc": _now(), "stopped_reason": reason, "resumable": True})
+            if not private:
+                try:
+                    write_thresholds(target, cur)
+                except SpecError:
+                    pass
+        else:
+            reason += f"; the background worker (pid {proc.pid if proc else 'of an earlier start'}) completes the rest"
+        log.info("tr-autotune: %s; follow %s with WatchedThresholds", reason, out)
+    if private:
+        shutil.rmtree(private, ignore_errors=True)
+        return ThresholdTable.from_dict(cur, where="thresholds (in memory)")
+    if killed or rc == 0:
+        _remove_worker_files(target, log_file=rc == 0 or not background)
+    prov = dict(cur["provenance"], stopped_reason=None if cur["complete"] else reason)
+    return ThresholdTable.from_dict(dict(cur, provenance=prov), where=f"thresholds file {out!r}", path=out)
+
+
+def _worker_error(out: str) -> str | None:
+    """The last ``error:`` line of the worker's log."""
+    try:
+        with open(out + ".worker.log", "r", encoding="utf-8", errors="replace") as f:
+            lines = [ln.strip() for ln in f.readlines()[-50:] if ln.startswith("error:")]
+    except OSError:
+        return None
+    return lines[-1][len("error:"):].strip() if lines else None
 
 
 def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: str, *,
-                 cache_dir: str | os.PathLike | None = None, options: Mapping[str, Any] | None = None) -> int | None:
+                 cache_dir: str | os.PathLike | None = None,
+                 options: Mapping[str, Any] | None = None) -> subprocess.Popen | None:
     """Start (unless one already runs for these inputs) a separate process that completes ``out``.
 
-    Returns the worker's pid, or None when a live worker for the same inputs exists.
+    Returns the worker's ``Popen``, or None when a live worker for the same inputs exists.
     """
     lock = _lock_path(out)
     cur = _read_lock(lock)
@@ -314,20 +556,11 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
     # (without writing) at its next ownership check.
     token = os.urandom(16).hex()
     write_thresholds(lock, {"token": token, "inputs_sha256": inputs_hash, "started_utc": _now()})
-    opts = dict(options or solver_options())
-    spec_file = out + ".worker-spec.json"
-    write_thresholds(spec_file, spec_to_dict(spec))
-    cmd = [sys.executable, "-m", "tr_model.autotune_cli", "run", "--spec", spec_file,
-           "--max-concurrency", str(max_concurrency), "--out", out, "--solver", str(opts["solver"]),
-           "--worker-lock", lock, "--worker-token", token, "--quiet"]
-    if opts.get("tol") is not None:
-        cmd += ["--tol", repr(opts["tol"])]
-    if opts.get("max_states") is not None:
-        cmd += ["--max-states", str(opts["max_states"])]
-    if opts.get("round_to_grid"):
-        cmd += ["--round"]
-    if cache_dir is not None:
-        cmd += ["--cache-dir", os.fspath(cache_dir)]
+    job = out + ".worker-job.json"
+    write_thresholds(job, {"spec": spec_to_dict(spec), "max_concurrency": max_concurrency, "out": out,
+                           "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
+                           "options": dict(options or solver_options()), "lock": lock, "token": token})
+    cmd = [sys.executable, "-m", "tr_model.autotune", "--worker", job]
     logf = open(out + ".worker.log", "ab")
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
@@ -337,19 +570,24 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
     if _owns_lock(lock, token):
         write_thresholds(lock, {"token": token, "pid": proc.pid, "inputs_sha256": inputs_hash,
                                 "started_utc": _now()})
-    return proc.pid
+    _WORKERS[out] = proc
+    return proc
 
 
 def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, time_budget_s: float = 5.0,
                     cache_dir: str | os.PathLike | None = None, background: bool = True, *,
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
-                    round_to_grid: bool = False) -> ThresholdTable:
-    """The thresholds a server should use now; never raises for a computation or write failure.
+                    round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
+                    max_evaluations: int | None = None) -> ThresholdTable:
+    """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 
     Returns the cached table at once when the inputs hash matches; otherwise
-    computes N = 1, 2, ... within ``time_budget_s`` seconds, writes the partial
-    table atomically and (``background=True``) completes it in a separate
-    process.  On failure: one log line and :meth:`ThresholdTable.eager`.
+    a worker process computes N = 1, 2, ... and this returns, at the latest
+    when the budget is spent, every row the worker has written (the others
+    extrapolated).  With ``background=True`` the worker then completes the
+    file: the returned table is a snapshot, use
+    ``WatchedThresholds(out)`` to follow the file.  On failure: one log line
+    and the rows computed so far, or :meth:`ThresholdTable.eager`.
     """
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
         raise SpecError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
@@ -357,8 +595,46 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
     try:
         return tune(spec, max_concurrency, out, time_budget_s=time_budget_s, cache_dir=cache_dir,
                     background=background, solver=solver, tol=tol, max_states=max_states,
-                    round_to_grid=round_to_grid, keep_on_write_error=True)
+                    round_to_grid=round_to_grid, search=search, max_gap=max_gap, max_evaluations=max_evaluations,
+                    keep_on_write_error=True)
     except Exception as e:  # noqa: BLE001 - a server must start whatever happened
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        log.warning("tr-autotune: %s; using the eager fallback (all thresholds 1)", msg)
+        log.warning("tr-autotune: %s; using the eager fallback (all thresholds 1)", _first_line(e))
     return ThresholdTable.eager(M, max_concurrency)
+
+
+def _worker_main(job_path: str) -> int:
+    """The background worker: complete the table described by the job file; ``error:`` line and exit 2 on
+    failure (the server reads that line from the worker's log)."""
+    try:
+        with open(job_path, "r", encoding="utf-8") as f:
+            job = json.load(f)
+        lock, token = job["lock"], job["token"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.stderr.write(f"error: cannot read the worker job {job_path!r}: {_first_line(e)}\n")
+        return 2
+    code = 0
+    try:
+        spec = spec_from_dict(job["spec"])
+        tune(spec, int(job["max_concurrency"]), job["out"], cache_dir=job.get("cache_dir"), worker_lock=lock,
+             worker_token=token, write_interval_s=WORKER_WRITE_INTERVAL_S, **job["options"])
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        code = 130
+    except Exception as e:  # noqa: BLE001 - one line in the log, read by the server
+        sys.stderr.write(f"error: {_first_line(e)}\n")
+        code = 3 if isinstance(e, StateSpaceTooLarge) else 2
+    finally:
+        if _owns_lock(lock, token):
+            for p in (lock, job_path):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+    return code
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(_worker_main(sys.argv[2]))
+    sys.stderr.write("error: usage: python -m tr_model.autotune --worker JOB.json (internal; use tr-autotune)\n")
+    sys.exit(2)

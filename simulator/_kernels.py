@@ -24,6 +24,24 @@ Per event:
    requests from the head of its FIFO queue for ``lat[j, b]`` ms, optionally
    multiplied by a mean-one log-normal factor ``exp(s Z - s^2 / 2)``.
 
+Two serving costs the chain does not see (both off by default, and then the
+arithmetic is exactly the plain kernel's):
+
+* **catch-up extend**: model j's cache of a request covers the tokens it had
+  when it last ran on j; a step must feed every token committed since, so
+  row r feeds ``n_r = max(1, tokens_r - seen_r[j])`` tokens (a new request
+  starts with ``prompt_tokens`` and sees nothing, so its first step on a model
+  is its prefill).  A batch is padded to ``T = max_r n_r`` and costs
+  ``lat[j, b] + ext[j, b] * (T - 1)``: ``ext`` is the extra ms per fed token
+  beyond the first (e.g. from an extend-k profile:
+  ``(L_ext_k(b) - L(b)) / (k - 1)``).
+* **co-running slowdown**: while the set R of models is running, model i
+  progresses at rate ``1 / f_i(R)``, ``f_i(R) = prod_{k in R, k != i}
+  corun[i, k]`` (a model that shares a GPU with another one gets its share
+  of the memory bandwidth).  Residuals are kept in solo milliseconds; the
+  set changes only at epochs, so the next epoch is ``tau = min_i res_i f_i``
+  and every running model loses ``tau / f_i``.
+
 Statistics are accumulated only after the warm-up: tokens, elapsed time and
 request-steps per progress bin (for batch means), the time integrals of the
 queue lengths and of the busy indicators, admission latencies (launch time
@@ -63,7 +81,8 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                     tr_off, tr_model, tr_tok, tr_last, req_tokens,
                     seed, jitter_sigma, tie_ms,
                     warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
-                    hist_min_ms, hist_inv_log_ratio, n_hist):
+                    hist_min_ms, hist_inv_log_ratio, n_hist,
+                    ext, prompt_tokens, corun):
     """Run one simulation; see the module docstring.
 
     mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
@@ -77,6 +96,9 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     recorded request), closed loop.
     Exactly one of ``meas_steps`` (> 0) and ``meas_ms`` (> 0) sets the
     measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
+    ``ext`` ``[M, N + 1]`` (ms per extra fed token, all zero = no catch-up
+    cost), ``prompt_tokens`` and ``corun`` ``[M, M]`` (all one = no slowdown):
+    see the module docstring.
 
     Returns ``(status, bin_tok, bin_ms, bin_steps, wait_area, busy_area,
     serv_area, adm_cnt, adm_sum, adm_zero, hist, launches, launched,
@@ -121,6 +143,20 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     launched = np.zeros(M, np.int64)
     completions = 0
     sojourn_sum = 0.0
+
+    use_ext = False
+    for i in range(M):
+        for b in range(ext.shape[1]):
+            if ext[i, b] != 0.0:
+                use_ext = True
+    use_corun = False
+    for i in range(M):
+        for k in range(M):
+            if i != k and corun[i, k] != 1.0:
+                use_corun = True
+    tcount = np.full(N, prompt_tokens)      # tokens of each request (prompt + committed)
+    seen = np.zeros((N, M))                 # tokens each model's cache covers
+    rate_f = np.ones(M)
 
     n_rec = tr_off.shape[0] - 1
     for r in range(N):
@@ -176,6 +212,15 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                 qk[j] -= b
                 bs[j] = b
                 d = lat[j, b]
+                if use_ext:
+                    tmax = 1.0
+                    for x in range(b):
+                        r = run[j, x]
+                        nf = tcount[r] - seen[r, j]
+                        if nf > tmax:
+                            tmax = nf
+                        seen[r, j] = tcount[r]
+                    d += ext[j, b] * (tmax - 1.0)
                 if jitter_sigma > 0.0:
                     kk = _mix64(jseed + np.uint64(j + 1) * np.uint64(0x9E3779B97F4A7C15))
                     u1 = _unit(_mix64(kk + np.uint64(2 * nlaunch[j]) * K2))
@@ -191,10 +236,18 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                         max_batch[j] = b
 
         # next completion epoch
+        if use_corun:
+            for i in range(M):
+                f = 1.0
+                if bs[i] > 0:
+                    for k in range(M):
+                        if k != i and bs[k] > 0:
+                            f *= corun[i, k]
+                rate_f[i] = f
         tau = np.inf
         for i in range(M):
-            if bs[i] > 0 and res[i] < tau:
-                tau = res[i]
+            if bs[i] > 0 and res[i] * rate_f[i] < tau:
+                tau = res[i] * rate_f[i]
         if tau == np.inf:
             status = 1
             break
@@ -208,7 +261,10 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
         for i in range(M):
             done[i] = False
             if bs[i] > 0:
-                res[i] -= tau
+                if use_corun:
+                    res[i] -= tau / rate_f[i]
+                else:
+                    res[i] -= tau
                 if res[i] <= tie_ms:
                     done[i] = True
 
@@ -228,6 +284,7 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                             dest = jj
                             break
                     c = cmat[i, dest]
+                    tcount[r] += c
                     if exp_tok[i] >= 0.0:
                         ev_tok += exp_tok[i]
                     else:
@@ -241,9 +298,13 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                             tok[r] = 0.0
                             start_t[r] = now
                             dest = 0
+                            tcount[r] = prompt_tokens
+                            for jj in range(M):
+                                seen[r, jj] = 0.0
                 else:
                     pos = cur[r]
                     ev_tok += tr_tok[pos]
+                    tcount[r] += tr_tok[pos]
                     last = tr_last[pos]
                     pos += 1
                     if last:
@@ -256,6 +317,9 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                         rec = np.int64(_mix64(key[r] ^ np.uint64(0x5851F42D4C957F2D)) % np.uint64(n_rec))
                         pos = tr_off[rec]
                         start_t[r] = now
+                        tcount[r] = prompt_tokens
+                        for jj in range(M):
+                            seen[r, jj] = 0.0
                     cur[r] = pos
                     dest = tr_model[pos]
                 join_t[r] = now

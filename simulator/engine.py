@@ -183,9 +183,57 @@ def batch_means_halfwidth(tokens: np.ndarray, ms: np.ndarray, confidence: float 
     return half, lag1, e
 
 
+def _extend_table(extend_ms_per_token: Any, M: int, N: int) -> np.ndarray:
+    """``ext[i, b]``: extra ms per fed token beyond the first, for a batch of b on model i (see _kernels)."""
+    ext = np.zeros((M, N + 1), dtype=np.float64)
+    if extend_ms_per_token is None:
+        return ext
+    try:
+        per_model = list(extend_ms_per_token)
+    except TypeError:
+        raise SpecError("extend_ms_per_token must be a list with one entry per model") from None
+    if len(per_model) != M:
+        raise SpecError(f"extend_ms_per_token must have M = {M} entries, got {len(per_model)}")
+    for i, e in enumerate(per_model):
+        for b in range(1, N + 1):
+            if e is None:
+                v = 0.0
+            elif callable(e):
+                v = e(b)
+            elif isinstance(e, (int, float, np.integer, np.floating)) and not isinstance(e, bool):
+                v = e
+            else:
+                raise SpecError(f"extend_ms_per_token[{i}] must be null, a number or a function of the batch size")
+            v = float(v)
+            if not math.isfinite(v) or v < 0:
+                raise SpecError(f"extend_ms_per_token[{i}] at batch size {b} must be >= 0 ms, got {v!r}")
+            ext[i, b] = v
+        ext[i, 0] = ext[i, 1]
+    return ext
+
+
+def _corun_matrix(corun_slowdown: Any, M: int) -> np.ndarray:
+    f = np.ones((M, M), dtype=np.float64)
+    if corun_slowdown is None:
+        return f
+    try:
+        a = np.array(corun_slowdown, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SpecError("corun_slowdown must be an M x M matrix of numbers") from None
+    if a.shape != (M, M):
+        raise SpecError(f"corun_slowdown must be {M} x {M}, got shape {a.shape}")
+    if not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise SpecError("corun_slowdown entries must be finite and > 0 (1 = no slowdown)")
+    f[:] = a
+    np.fill_diagonal(f, 1.0)
+    return f
+
+
 def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None, steps: int | None = None,
              warmup: float = 0.1, seed: int = 0, jitter: float = 0.0, trace: Any = None,
-             request_tokens: float | None = None, expected_tokens: bool = True) -> SimulationResult:
+             request_tokens: float | None = None, expected_tokens: bool = True,
+             extend_ms_per_token: Any = None, prompt_tokens: float = 0.0,
+             corun_slowdown: Any = None) -> SimulationResult:
     """Simulate the routed system and return throughput with its 95% interval and latency statistics.
 
     ``steps``: request-steps to measure after the warm-up (default 2,000,000),
@@ -202,6 +250,15 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     expected tokens ``sum_j P[i][j] C[i][j]`` rather than the drawn ones
     (conditional Monte Carlo, as the chain's reward; unbiased, narrower
     interval).  Trace-driven runs always use the recorded tokens.
+
+    Serving costs beyond ``L_i(b)`` (see :mod:`simulator._kernels`):
+    ``extend_ms_per_token``: per model, ``None``, a number or a function of
+    the batch size b: a step whose rows must catch up on up to T tokens
+    (committed elsewhere since the request last ran there) costs
+    ``L_i(b) + e_i(b) (T - 1)``; ``prompt_tokens``: tokens a new request
+    brings (its first step on each model feeds them); ``corun_slowdown``:
+    ``M x M`` factors, model i runs ``corun[i][k]`` times slower while model
+    k runs (a product over the running models; 1 = independent GPUs).
     """
     if not all(hasattr(spec, a) for a in ("M", "P", "C", "latency_ms", "caps")):
         raise SpecError(f"spec must be a SystemSpec (tr_model.make_spec / preset / load_spec), got {type(spec).__name__}")
@@ -274,11 +331,19 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         exp_tok = (P * C).sum(axis=1)
     else:
         exp_tok = np.full(M, -1.0)
+    ext = _extend_table(extend_ms_per_token, M, N)
+    prompt_tokens = float(prompt_tokens)
+    if not math.isfinite(prompt_tokens) or prompt_tokens < 0:
+        raise SpecError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
+    corun = _corun_matrix(corun_slowdown, M)
+    if ext.any() or (corun != 1.0).any():
+        method += "+serving-costs"
     out = simulate_kernel(pcum, C, exp_tok, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
                           tr_off, tr_model, tr_tok, tr_last, req_tok,
                           np.uint64(seed), sigma, tie_ms,
                           warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,
-                          HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS)
+                          HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS,
+                          ext, prompt_tokens, corun)
     wall = time.perf_counter() - t_start
     (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero, hist,
      launches, launched, max_batch, completions, sojourn_sum, total_steps) = out

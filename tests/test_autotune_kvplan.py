@@ -129,9 +129,11 @@ def _cli(*args):
 
 def test_kv_plan_cli(tmp_path):
     out = tmp_path / "plan.json"
-    r = _cli("kv-plan", "--placement", PAPER, "--max-concurrency", "16", "--out", str(out))
+    r = _cli("kv-plan", "--placement", PAPER, "--N", "16")
     assert r.returncode == 0, r.stderr
     assert "176409" in r.stdout
+    r = _cli("kv-plan", "--placement", PAPER, "--N", "16", "--out", str(out))   # the JSON instead of stdout
+    assert r.returncode == 0 and r.stdout == "", r.stderr
     assert json.loads(out.read_text())["kv_token_capacity"] == 176_409
     r = _cli("kv-plan", "--placement", PAPER, "--format", "csv")
     assert r.returncode == 0 and r.stdout.splitlines()[0].startswith("model,gpus,tp")

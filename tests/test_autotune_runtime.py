@@ -146,7 +146,7 @@ def test_measure_cli(tmp_path):
         return subprocess.run([sys.executable, "-m", "tr_model.autotune_cli", "measure", *args], capture_output=True,
                               text=True, timeout=120)
 
-    r = cli("--p", "0.35", "--L", "6.0", "27.9", "--clients", "4", "--thresholds", str(th), "--duration-s", "2",
+    r = cli("--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--thresholds", str(th), "--duration-s", "2",
             "--warmup-s", "0.2", "--time-scale", "3", "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -154,5 +154,5 @@ def test_measure_cli(tmp_path):
     assert doc["predicted"]["throughput_tok_s"] == pytest.approx(207.95, abs=0.01)
     assert doc["measured"]["throughput_tok_s"] > 0
     for bad in (["--B", "1", "5"], ["--B", "1"], ["--B", "1", "1", "--time-scale", "0"]):
-        r = cli("--p", "0.35", "--L", "6.0", "27.9", "--clients", "4", "--duration-s", "1", *bad)
+        r = cli("--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--duration-s", "1", *bad)
         assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1

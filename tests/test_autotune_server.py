@@ -256,7 +256,7 @@ def test_unwritable_folder_keeps_the_old_file(tmp_path, caplog):
         assert out.read_bytes() == old
         recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
         assert len(recs) == 1 and "cannot write" in recs[0].getMessage()
-        r = _cli("--spec", str(spec_file), "--max-concurrency", "5", "--out", str(out))
+        r = _cli("--spec", str(spec_file), "--N", "5", "--thresholds", str(out))
         assert r.returncode == 2 and r.stderr.startswith("error: cannot write")
         assert len(r.stderr.strip().splitlines()) == 1
         assert out.read_bytes() == old
@@ -274,19 +274,19 @@ def test_cli_run_show_and_bad_input(tmp_path):
     save_spec(SPEC, spec_file)
     out = tmp_path / "th.json"
     # the short form (no subcommand) is `run`
-    r = _cli("--spec", str(spec_file), "--max-concurrency", "4", "--out", str(out), "--format", "csv")
+    r = _cli("--spec", str(spec_file), "--N", "4", "--thresholds", str(out), "--format", "csv")
     assert r.returncode == 0, r.stderr
     rows = r.stdout.strip().splitlines()
     assert rows[0].startswith("N,B*") and len(rows) == 5 and rows[4].startswith("4,1 3,207.95")
-    r = _cli("show", str(out), "--active-requests", "99")
+    r = _cli("show", str(out), "--N", "99")
     assert r.returncode == 0 and r.stdout.strip() == "1 3"
-    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--max-concurrency", "4", "--out", str(out), "--quiet")
+    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--thresholds", str(out), "--quiet")
     assert r.returncode == 0 and r.stdout == ""            # same inputs as the spec file: reused
 
     def one_error(r):
         return r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
-    assert one_error(_cli("show", str(out), "--require-concurrency", "8"))      # a table shorter than asked
+    assert one_error(_cli("show", str(out), "--require-N", "8"))      # a table shorter than asked
     doc = json.loads(out.read_text())
     doc["schema_version"] = 7
     bad = tmp_path / "bad.json"
@@ -299,10 +299,10 @@ def test_cli_run_show_and_bad_input(tmp_path):
     r = _cli("show", str(bad))
     assert one_error(r) and "entries[2].thresholds[0]" in r.stderr
     assert one_error(_cli("show", str(tmp_path / "missing.json")))
-    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "0", "--out", str(out)))
-    assert one_error(_cli("--spec", str(tmp_path / "nope.json"), "--max-concurrency", "3", "--out", str(out)))
-    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(tmp_path / "no" / "x.json")))
-    assert one_error(_cli("--spec", str(spec_file), "--max-concurrency", "3", "--out", str(out), "--background"))
+    assert one_error(_cli("--spec", str(spec_file), "--N", "0", "--thresholds", str(out)))
+    assert one_error(_cli("--spec", str(tmp_path / "nope.json"), "--N", "3", "--thresholds", str(out)))
+    assert one_error(_cli("--spec", str(spec_file), "--N", "3", "--thresholds", str(tmp_path / "no" / "x.json")))
+    assert one_error(_cli("--spec", str(spec_file), "--N", "3", "--thresholds", str(out), "--background"))
 
 
 def test_the_budget_is_a_limit_when_the_work_is_slow(tmp_path, monkeypatch):

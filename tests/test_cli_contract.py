@@ -168,3 +168,15 @@ def test_run_cli_keeps_real_bugs_visible():
 
 def test_format_gain():
     assert cli.format_gain(1.11089) == "1.111x" and cli.format_gain(None) == "-"
+
+
+def test_a_required_flag_may_be_given_by_its_deprecated_alias(capsys):
+    p = cli.Parser(prog="tool")
+    p.add_argument("--N", type=int, required=True)
+    cli.deprecated_alias(p, "--clients", "--N")
+    assert p.parse_args(["--clients", "4"]).N == 4
+    assert p.parse_args(["--N", "5"]).N == 5
+    with pytest.raises(SystemExit) as e:
+        p.parse_args([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: the following arguments are required: --N\n")

@@ -55,6 +55,15 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {_one_line(message)}\n")
         raise SystemExit(EXIT_BAD_INPUT)
 
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        # a required flag that has a deprecated alias is checked here: argparse would not count the alias
+        missing = [flag for flag, dest in getattr(self, "_required_with_alias", ())
+                   if getattr(ns, dest, None) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        return ns, extras
+
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
     sys.stderr.write(f"error: {_one_line(message)}\n")
@@ -319,6 +328,12 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, con
                 values = convert(values)
             target(p, namespace, values, new)
 
+    if target.required:
+        target.required = False
+        req = getattr(parser, "_required_with_alias", [])
+        if (new, target.dest) not in req:
+            req.append((new, target.dest))
+        parser._required_with_alias = req
     kw = dict(dest=target.dest, nargs=target.nargs, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     if target.nargs != 0:
         kw.update(type=target.type, choices=target.choices, metavar=target.metavar)
@@ -378,9 +393,9 @@ def check_out_path(path: str, flag: str = "--out") -> str:
                             "give a file name")
     folder = os.path.dirname(real) or "."
     if not os.path.isdir(folder):
-        raise SpecError(f"{flag} {path!r}: the folder {folder!r} does not exist")
+        raise SpecError(f"cannot write {flag} {path!r}: the folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
-        raise SpecError(f"{flag} {path!r}: the folder {folder!r} is not writable")
+        raise SpecError(f"cannot write {flag} {path!r}: the folder {folder!r} is not writable")
     return real
 
 

@@ -40,6 +40,39 @@ def _default_start(N: int, M: int) -> tuple[int, ...]:
     return (1 + x,) * M
 
 
+def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budget, limit) -> tuple[int, ...]:
+    """Steepest ascent over +-1 neighbours from ``cur``; appends to ``evals``/``seen``; returns the top."""
+    M = spec.M
+    by = {e.B: e for e in evals}
+
+    def ok(B):
+        return F.is_feasible(B, N) and (allowed is None or B in allowed)
+
+    if not ok(cur):
+        return cur
+    while True:
+        nbrs = [cur]
+        for i in range(M):
+            for step in (-1, 1):
+                b = list(cur)
+                b[i] += step
+                if ok(b):
+                    nbrs.append(tuple(b))
+        todo = [B for B in nbrs if B not in seen]
+        if limit is not None and len(evals) + len(todo) > limit:
+            return cur
+        if budget is not None and evals and time.perf_counter() - t0 > budget:
+            return cur
+        for e in evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **kw):
+            seen.add(e.B)
+            evals.append(e)
+            by[e.B] = e
+        top = pick_best([by[B] for B in nbrs])
+        if top.B == cur:
+            return cur
+        cur = top.B
+
+
 def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
                      max_gap: float = 0.0, time_budget_s: float | None = None,
                      max_evaluations: int | None = None, start: Sequence[int] | None = None,
@@ -62,8 +95,6 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     st = tuple(int(b) for b in start) if start is not None else _default_start(N, M)
     if len(st) != M or not F.is_feasible(st, N):
         st = _default_start(N, M)
-    # observed structure orders the work: near the start first, cheaper chains (larger B) first among equals
-    cands.sort(key=lambda B: (sum(abs(a - b) for a, b in zip(B, st)), -sum(B), B))
     batch = batch or max(1, int(workers)) * 2
 
     evals: list[Evaluation] = []
@@ -72,6 +103,12 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     if eager:
         evals.extend(evaluate_many(spec, [(N, eager_B)], workers=1, executor=executor, **kw))
         seen.add(eager_B)
+    # Observed structure orders the work (never prunes it): a steepest ascent from the start finds a
+    # strong incumbent with few chains, then the rest is visited nearest-first from where it ended,
+    # cheaper chains (larger B) first among equals.
+    allowed = set(cands) if candidates is not None else None
+    st = _ascend(spec, N, st, evals, seen, allowed, workers, executor, kw, t0, time_budget_s, max_evaluations)
+    cands.sort(key=lambda B: (sum(abs(a - b) for a, b in zip(B, st)), -sum(B), B))
     best = max((e.throughput_tok_s for e in evals), default=-math.inf)
     pruned: list[tuple[tuple[int, ...], str, float]] = []
     unresolved: list[tuple[tuple[int, ...], str, float]] = []

@@ -224,7 +224,8 @@ def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Op
     eager_thr = eager.throughput_tok_s if eager is not None else float("nan")
     return Optimum(N=N, best_B=best.B, throughput_tok_s=best.throughput_tok_s,
                    eager_throughput_tok_s=eager_thr,
-                   gain_vs_eager=best.throughput_tok_s / eager_thr if eager is not None else float("nan"),
+                   # no gain is defined when eager commits nothing (e.g. C = 0): NaN, reported as null
+                   gain_vs_eager=best.throughput_tok_s / eager_thr if eager_thr > 0 else float("nan"),
                    states=best.states, transitions=best.transitions, residual=best.residual,
                    solver=best.solver, seconds=seconds, evaluated=len(evals), best=best, eager=eager,
                    evaluations=tuple(evals), **extra)

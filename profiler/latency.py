@@ -146,6 +146,9 @@ class LatencyProfile:
     transformers_version: str = ""
     arguments: dict = field(default_factory=dict)
     created_utc: str = ""
+    attention: str = ""
+    input_embedding_bytes: int | None = None
+    roofline: dict | None = None
 
     def median_ms(self) -> dict[int, float]:
         return {s.batch_size: s.median_ms for s in self.batches}
@@ -255,7 +258,7 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
                 model = transformers.AutoModelForCausalLM.from_pretrained(
                     model_path, torch_dtype=tdtype, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise ProfileError(f"cannot load model from {model_path!r}: {str(e).splitlines()[0]}") from None
+            raise ProfileError(f"cannot load model from {model_path!r}: {_first_line(e)}") from None
         model = model.to(device)
         name = os.path.basename(os.path.normpath(model_path))
     else:
@@ -263,8 +266,8 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
         mt = d.pop("model_type")
         try:
             cfg = transformers.AutoConfig.for_model(mt, **d)
-        except (ValueError, KeyError) as e:
-            raise ProfileError(f"config {config_path!r}: {str(e).splitlines()[0]}") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProfileError(f"config {config_path!r}: {_first_line(e)}") from None
         torch.manual_seed(seed)
         try:
             with torch.device(device):
@@ -272,14 +275,19 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
                     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=tdtype)
                 except TypeError:
                     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=tdtype)
-        except ValueError as e:
-            raise ProfileError(f"config {config_path!r}: {str(e).splitlines()[0]}") from None
+        except (ValueError, TypeError, RuntimeError, AttributeError) as e:
+            raise ProfileError(f"config {config_path!r}: {_first_line(e)}") from None
         model = model.to(device=device, dtype=tdtype)
         name = os.path.splitext(os.path.basename(os.path.normpath(config_path)))[0]
         if name == "config":
             name = os.path.basename(os.path.dirname(os.path.abspath(config_path)))
     model.eval()
     return model, name
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _forward_kwargs(model) -> tuple[str, dict]:
@@ -301,8 +309,51 @@ def _vocab_size(model) -> int:
     return int(v)
 
 
+def _static_cache(transformers, model, batch_size: int, length: int, device: str):
+    """A ``StaticCache`` of ``length`` slots, built with the keywords this transformers version takes.
+
+    4.45-4.4x want the batch size, device and dtype up front (``batch_size``,
+    later ``max_batch_size``); 4.5x and 5.x allocate lazily on the first update.
+    """
+    params = inspect.signature(transformers.StaticCache.__init__).parameters
+    kw: dict = {"config": model.config, "max_cache_len": int(length)}
+    if "batch_size" in params:
+        kw["batch_size"] = int(batch_size)
+    elif "max_batch_size" in params:
+        kw["max_batch_size"] = int(batch_size)
+    if "device" in params:
+        kw["device"] = device
+    if "dtype" in params:
+        kw["dtype"] = next(model.parameters()).dtype
+    return transformers.StaticCache(**kw)
+
+
+def _seq_length(cache) -> int:
+    n = cache.get_seq_length()
+    return int(n.item() if hasattr(n, "item") else n)
+
+
 class _Stepper:
-    """One batch size: a KV cache holding ``context`` tokens per request and a step appending ``T`` tokens."""
+    """One batch size: a KV cache holding ``context`` tokens per request and a step appending ``T`` tokens.
+
+    The same code drives transformers 4.45 through 5.x; it detects, rather than
+    reads from a version string, how this version places new tokens:
+
+    * the model's ``forward`` takes ``cache_position`` (4.x): the positions are
+      passed explicitly (a fixed tensor ``context .. context+T-1``), so every
+      step, eager or replayed from a CUDA graph, writes the same cache slots and
+      a static cache needs no rewind;
+    * the cache layers keep a device-side write index (``cumulative_length``,
+      5.x): every step and every graph replay advances it by T, and the rewind
+      moves it back, with the public ``crop(-T)`` where every layer has one,
+      else by subtracting T in place (5.1x static layers have no ``crop``);
+    * a dynamic cache is rewound with ``crop(-T)``, the public call of every
+      version (negative = remove T tokens).
+
+    Rewinds run under ``torch.inference_mode`` because the cache tensors were
+    created there.  :meth:`check_rewind` verifies once, before timing, that a
+    step plus a rewind leaves the cache length unchanged.
+    """
 
     def __init__(self, model, batch_size: int, context: int, T: int, *, static: bool, device: str, seed: int):
         torch, transformers = _torch()
@@ -310,25 +361,63 @@ class _Stepper:
         self.model = model
         self.T = T
         self.context = context
+        self.static = bool(static)
         cache_kw, extra = _forward_kwargs(model)
+        self.explicit_positions = "cache_position" in inspect.signature(model.forward).parameters
         vocab = _vocab_size(model)
         g = torch.Generator(device="cpu").manual_seed(seed)
         ids_ctx = torch.randint(0, vocab, (batch_size, max(context, 1)), generator=g).to(device)
         self.ids = torch.randint(0, vocab, (batch_size, T), generator=g).to(device)
         if static:
-            self.cache = transformers.StaticCache(config=model.config, max_cache_len=context + T)
+            self.cache = _static_cache(transformers, model, batch_size, context + T, device)
         else:
             self.cache = transformers.DynamicCache()
         self.kw = {cache_kw: self.cache, **extra}
-        with torch.inference_mode():
+        from profiler.serving_attention import own_attention
+        with torch.inference_mode(), own_attention(model):  # the prefill fills only part of a static cache
             if context > 0:
-                model(input_ids=ids_ctx[:, :context], **self.kw)
+                kw = dict(self.kw)
+                if self.explicit_positions:
+                    kw["cache_position"] = torch.arange(context, device=device)
+                model(input_ids=ids_ctx[:, :context], **kw)
+        if self.explicit_positions:
+            self.kw["cache_position"] = torch.arange(context, context + T, device=device)
+        self._write_index = [t for t in (getattr(layer, "cumulative_length", None)
+                                         for layer in getattr(self.cache, "layers", ()))
+                             if isinstance(t, torch.Tensor)] if static else []
+        self._layer_crop = static and bool(getattr(self.cache, "layers", None)) and all(
+            callable(getattr(layer, "crop", None)) for layer in self.cache.layers)
         self.graph = None
         self.out = None
 
     def rewind(self) -> None:
-        # negative crop = remove tokens (transformers >= 4.4x); static caches only move their write index
-        self.cache.crop(-self.T)
+        """Put the cache back to ``context`` tokens per request (outside the timed region)."""
+        with self.torch.inference_mode():
+            if not self.static:
+                self.cache.crop(-self.T)
+            elif self._write_index:
+                if self._layer_crop:
+                    self.cache.crop(-self.T)
+                else:
+                    for t in self._write_index:
+                        t.sub_(self.T)
+            elif not self.explicit_positions:
+                raise ProfileError("this transformers version's static cache has neither explicit positions nor a "
+                                   "write index; the profiler cannot rewind it (run without --cuda-graph)")
+            # else: explicit cache_position -> every step writes the same slots
+
+    def check_rewind(self) -> None:
+        """One eager step + rewind must leave the cache length as it was (API drift shows up here)."""
+        if self.static and self.explicit_positions and not self._write_index:
+            return  # 4.x static caches count non-empty slots; the explicit positions already fix the slots
+        before = _seq_length(self.cache)
+        self.eager_step()
+        self.rewind()
+        after = _seq_length(self.cache)
+        if after != before:
+            import transformers
+            raise ProfileError(f"the KV cache holds {after} tokens after a step and a rewind, expected {before} "
+                               f"(transformers {transformers.__version__}: unsupported cache API)")
 
     def eager_step(self):
         with self.torch.inference_mode():
@@ -347,8 +436,8 @@ class _Stepper:
         with torch.inference_mode():
             with torch.cuda.graph(self.graph):
                 self.out = self.model(input_ids=self.ids, **self.kw)
-        # no rewind here: capture records kernels without running them, so the static cache's device-side
-        # write index did not move; every replay advances it by T and the timing loop rewinds it
+        # capture records kernels without running them: the cache (and a device-side write index) is
+        # still at ``context`` tokens; every replay advances it by T and the timing loop rewinds after each
 
     def step(self) -> None:
         if self.graph is not None:
@@ -437,8 +526,16 @@ def measure_timing_overhead(stepper: _Stepper, n: int, cuda: bool, repeats: int 
 def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str = "decode", context: int = 128,
                     extend_tokens: int = 8, warmup: int = 3, steps: int = 20, cuda_graph: bool = False,
                     device: str = "cpu", dtype: str = "fp32", seed: int = 0, measure_overhead: bool = False,
+                    attention: str = "serving", bandwidth_gbs: float | None = None, measure_bandwidth: bool = True,
                     arguments: dict | None = None, progress=None) -> LatencyProfile:
-    """Time ``steps`` steps per batch size after ``warmup`` untimed ones; see the module docstring."""
+    """Time ``steps`` steps per batch size after ``warmup`` untimed ones; see the module docstring.
+
+    ``attention``: 'serving' (:mod:`profiler.serving_attention`, what a serving
+    engine runs) or 'transformers' (the model's own).  On CUDA, or with
+    ``bandwidth_gbs``, the profile carries a roofline (:mod:`profiler.roofline`).
+    Any failure of torch or transformers inside the loop becomes a
+    :class:`ProfileError` naming the batch size.
+    """
     if mode not in MODES:
         raise ProfileError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     sizes = [int(b) for b in batch_sizes]
@@ -454,7 +551,12 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
     if mode == "decode" and context < 1:
         raise ProfileError("--context must be >= 1 token in decode mode")
     if steps < 1 or warmup < 0:
-        raise ProfileError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
+        raise ProfileError(f"--steps must be >= 1 and --warmup-steps >= 0, got {steps} and {warmup}")
+    if bandwidth_gbs is not None and not (bandwidth_gbs > 0 and math.isfinite(bandwidth_gbs)):
+        raise ProfileError(f"--bandwidth-gbs must be a finite number > 0, got {bandwidth_gbs}")
+    from profiler.serving_attention import ATTENTION_CHOICES, select_attention
+    if attention not in ATTENTION_CHOICES:
+        raise ProfileError(f"--attention must be one of {', '.join(ATTENTION_CHOICES)}, got {attention!r}")
     torch, transformers = _torch()
     cuda = device.startswith("cuda")
     if cuda_graph and not cuda:
@@ -464,53 +566,117 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(torch.device(device).index)  # events and synchronize act on the current device
     stats: list[BatchStats] = []
-    measured_kv = None
-    overhead = None
-    for k, b in enumerate(sizes):
-        peak = None
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        stepper = _Stepper(model, b, context, T, static=cuda_graph, device=device, seed=seed + k)
-        if cuda:
-            torch.cuda.synchronize()
-            if k == 0 and cuda_graph:
-                # a static cache allocates exactly b x (context + T) token slots; dynamic ones over-allocate
-                measured_kv = (torch.cuda.memory_allocated() - before) / (b * (context + T))
-        try:
-            if cuda_graph:
-                try:
-                    stepper.capture(warmup)
-                except RuntimeError as e:
-                    raise ProfileError(f"CUDA graph capture failed for batch size {b} "
-                                       f"({str(e).splitlines()[0]}); run without --cuda-graph") from None
-            for _ in range(warmup):
-                stepper.step()
-                stepper.rewind()
-            samples = _time_steps(stepper, steps, cuda)
-            if cuda:
-                peak = int(torch.cuda.max_memory_allocated())
-            if measure_overhead and k == 0:
-                overhead = measure_timing_overhead(stepper, max(steps, 20), cuda)
-        finally:
-            del stepper
-        stats.append(summarize_samples(b, samples, peak))
-        if progress:
-            progress(stats[-1])
+    measured = {"kv": None, "overhead": None}
+    with select_attention(model, attention) as attention_label:
+        for k, b in enumerate(sizes):
+            try:
+                stats.append(_profile_one(torch, model, b, k, context=context, T=T, warmup=warmup, steps=steps,
+                                          cuda=cuda, cuda_graph=cuda_graph, device=device, seed=seed,
+                                          measure_overhead=measure_overhead, measured=measured))
+            except ProfileError:
+                raise
+            except (RuntimeError, AttributeError, TypeError, ValueError, NotImplementedError, IndexError) as e:
+                raise ProfileError(_failure_text(e, b, torch, transformers)) from None
+            if progress:
+                progress(stats[-1])
+    measured_kv, overhead = measured["kv"], measured["overhead"]
     fit = fit_affine([s.batch_size for s in stats], [s.median_ms for s in stats])
     dev_name = torch.cuda.get_device_name(torch.device(device)) if cuda else _cpu_name()
+    weight_bytes = int(sum(p.numel() * p.element_size() for p in model.parameters()))
+    kv_tok = kv_bytes_per_token(model.config, dtype)
+    emb = _untied_input_embedding_bytes(model)
+    roof = _roofline_of(torch, stats, dev_name, cuda, device, bandwidth_gbs, measure_bandwidth,
+                        weight_bytes=weight_bytes, input_embedding_bytes=emb, kv_bytes_per_token=kv_tok,
+                        context=context, T=T)
     from profiler import __version__
     return LatencyProfile(
         model=name, config_sha256=config_sha256(model.config), device=dev_name, dtype=dtype, mode=mode,
         context_tokens=int(context), extend_tokens=int(T), cuda_graph=bool(cuda_graph), warmup_steps=int(warmup),
         timed_steps=int(steps), batches=tuple(stats), fit=fit,
-        weight_bytes=int(sum(p.numel() * p.element_size() for p in model.parameters())),
-        kv_bytes_per_token=kv_bytes_per_token(model.config, dtype), measured_kv_bytes_per_token=measured_kv,
+        weight_bytes=weight_bytes, kv_bytes_per_token=kv_tok, measured_kv_bytes_per_token=measured_kv,
         timing="cuda_events" if cuda else "perf_counter", timing_overhead=overhead, tool_version=__version__,
         torch_version=torch.__version__, transformers_version=transformers.__version__,
-        arguments=dict(arguments or {}), created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        arguments=dict(arguments or {}), created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        attention=attention_label, input_embedding_bytes=emb, roofline=roof)
+
+
+def _profile_one(torch, model, b: int, k: int, *, context: int, T: int, warmup: int, steps: int, cuda: bool,
+                 cuda_graph: bool, device: str, seed: int, measure_overhead: bool, measured: dict) -> BatchStats:
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    stepper = _Stepper(model, b, context, T, static=cuda_graph, device=device, seed=seed + k)
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+            if k == 0 and cuda_graph:
+                # a static cache allocates exactly b x (context + T) token slots; dynamic ones over-allocate
+                measured["kv"] = (torch.cuda.memory_allocated() - before) / (b * (context + T))
+        stepper.check_rewind()
+        if cuda_graph:
+            try:
+                stepper.capture(warmup)
+            except RuntimeError as e:
+                raise ProfileError(f"CUDA graph capture failed for batch size {b} "
+                                   f"({str(e).splitlines()[0]}); run without --cuda-graph") from None
+        for _ in range(warmup):
+            stepper.step()
+            stepper.rewind()
+        samples = _time_steps(stepper, steps, cuda)
+        if cuda:
+            peak = int(torch.cuda.max_memory_allocated())
+        if measure_overhead and k == 0:
+            measured["overhead"] = measure_timing_overhead(stepper, max(steps, 20), cuda)
+    finally:
+        del stepper
+    return summarize_samples(b, samples, peak)
+
+
+def _failure_text(e: BaseException, b: int, torch, transformers) -> str:
+    first = str(e).splitlines()[0] if str(e) else ""
+    if "out of memory" in first.lower():
+        return f"out of device memory at batch size {b}: lower --batch-sizes or --context"
+    return (f"profiling failed at batch size {b}: {type(e).__name__}: {first[:300]} "
+            f"(torch {torch.__version__}, transformers {transformers.__version__})")
+
+
+def _untied_input_embedding_bytes(model) -> int:
+    """Bytes of the input-embedding table when the output projection does not share it (see profiler.roofline)."""
+    try:
+        emb = model.get_input_embeddings().weight
+        out = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return 0
+    if out is not None and getattr(out, "weight", None) is not None and out.weight.data_ptr() == emb.data_ptr():
+        return 0
+    return int(emb.numel() * emb.element_size())
+
+
+def _roofline_of(torch, stats, dev_name: str, cuda: bool, device: str, bandwidth_gbs, measure_bandwidth: bool, *,
+                 weight_bytes: int, input_embedding_bytes: int, kv_bytes_per_token, context: int, T: int):
+    from profiler.roofline import known_bandwidth, measure_copy_bandwidth, roofline
+    copy_bw = None
+    if cuda and measure_bandwidth:
+        try:
+            copy_bw = measure_copy_bandwidth(torch, device)
+        except RuntimeError:
+            copy_bw = None
+    if bandwidth_gbs is not None:
+        bw, source = float(bandwidth_gbs) * 1e9, "given (--bandwidth-gbs)"
+    elif cuda and known_bandwidth(dev_name):
+        bw, label = known_bandwidth(dev_name)
+        source = f"spec sheet: {label} ({bw / 1e12:g} TB/s)"
+    elif copy_bw:
+        bw, source = copy_bw, "measured device-to-device copy"
+    else:
+        return None
+    return roofline(batch_sizes=[s.batch_size for s in stats], median_ms=[s.median_ms for s in stats],
+                    weight_bytes=weight_bytes, input_embedding_bytes=input_embedding_bytes,
+                    kv_bytes_per_token=kv_bytes_per_token, context_tokens=context, new_tokens=T,
+                    bandwidth_bytes_per_s=bw, bandwidth_source=source, copy_bandwidth_bytes_per_s=copy_bw)
 
 
 def _cpu_name() -> str:

@@ -1,0 +1,118 @@
+"""Memory-bandwidth roofline of a decode or extend step: the time below which no engine can go.
+
+A decode step of a dense transformer at small batch sizes is bound by memory
+traffic: every weight is read once per step, and every request reads its K and
+V.  Per step at batch size b, context c and T new tokens per request:
+
+    bytes(b) = W_read + b (c + T) kv,      floor(b) = bytes(b) / BW,
+
+with ``W_read`` the weight bytes minus an untied input-embedding table (a step
+gathers only b T of its rows; a tied table is read in full as the output
+projection), ``kv`` the KV bytes per token (2 x layers x KV heads x head dim x
+dtype bytes) and ``BW`` the device's memory bandwidth.  The ratio
+``measured / floor`` says how far a figure is from what the memory allows: near
+1 the step is the model's bandwidth cost; much above 1 it is launch overhead,
+a poor kernel, or traffic the model does not need (an expanded KV copy, a
+materialised mask).  Compute is ignored: at b <= 64 a bf16 GEMM on a current
+GPU is far below its FLOP ceiling.
+
+``BW`` comes, in this order, from the user (``--bandwidth-gbs``), a table of
+published peak bandwidths matched on the device name (:data:`KNOWN_GPUS`), or a
+measured device-to-device copy (bytes read + bytes written over the copy's
+time, a practical ceiling about 85-92% of the peak).  The copy figure is also
+kept beside a table value when it was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+__all__ = ["KNOWN_GPUS", "known_bandwidth", "step_bytes", "roofline", "input_embedding_bytes_from_config",
+           "measure_copy_bandwidth"]
+
+# (pattern on the device name, label, peak memory bandwidth in bytes/s); first match wins, so the more
+# specific names come first.  Vendor spec sheets.
+KNOWN_GPUS: tuple[tuple[str, str, float], ...] = (
+    (r"\bB200\b", "B200", 8.0e12),
+    (r"\bH200\b", "H200", 4.8e12),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 2.0e12),
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", 3.9e12),
+    (r"\bH100\b", "H100 SXM", 3.35e12),
+    (r"\bA100\b.*\b80GB\b.*\bPCIe\b", "A100 80GB PCIe", 1.935e12),
+    (r"\bA100\b.*\b80GB\b", "A100 80GB SXM", 2.039e12),
+    (r"\bA100\b", "A100 40GB", 1.555e12),
+    (r"\bL40S\b", "L40S", 0.864e12),
+    (r"\bL40\b", "L40", 0.864e12),
+    (r"\bL4\b", "L4", 0.300e12),
+    (r"\bA10G?\b", "A10", 0.600e12),
+    (r"\bRTX 4090\b", "RTX 4090", 1.008e12),
+)
+
+
+def known_bandwidth(device_name: str) -> tuple[float, str] | None:
+    """``(bytes/s, label)`` of a device from :data:`KNOWN_GPUS`, or None."""
+    for pattern, label, bw in KNOWN_GPUS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return bw, label
+    return None
+
+
+def step_bytes(weight_bytes_read: int, kv_bytes_per_token: int | None, batch_size: int, context_tokens: int,
+               new_tokens: int) -> int:
+    """Bytes one step reads: the weights once, and K/V of ``context + new`` tokens for each request."""
+    kv = 0 if kv_bytes_per_token is None else int(kv_bytes_per_token)
+    return int(weight_bytes_read) + int(batch_size) * (int(context_tokens) + int(new_tokens)) * kv
+
+
+def input_embedding_bytes_from_config(config: Mapping[str, Any], dtype_bytes: int) -> int:
+    """Bytes of an untied input-embedding table (0 when tied: the output projection reads it)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    if config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)):
+        return 0
+    vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
+    if not (isinstance(vocab, int) and isinstance(hidden, int)):
+        return 0
+    return int(vocab) * int(hidden) * int(dtype_bytes)
+
+
+def roofline(*, batch_sizes: Sequence[int], median_ms: Sequence[float], weight_bytes: int,
+             input_embedding_bytes: int, kv_bytes_per_token: int | None, context_tokens: int, new_tokens: int,
+             bandwidth_bytes_per_s: float, bandwidth_source: str,
+             copy_bandwidth_bytes_per_s: float | None = None) -> dict:
+    """The roofline block stored in a latency profile (see the module docstring)."""
+    if not (bandwidth_bytes_per_s > 0 and math.isfinite(bandwidth_bytes_per_s)):
+        raise ValueError(f"memory bandwidth must be a finite number > 0, got {bandwidth_bytes_per_s!r}")
+    w_read = int(weight_bytes) - int(input_embedding_bytes)
+    rows = []
+    for b, m in zip(batch_sizes, median_ms):
+        nbytes = step_bytes(w_read, kv_bytes_per_token, b, context_tokens, new_tokens)
+        floor = nbytes / bandwidth_bytes_per_s * 1e3
+        rows.append({"batch_size": int(b), "bytes_read": nbytes, "floor_ms": floor,
+                     "measured_over_floor": float(m) / floor if floor > 0 else None})
+    return {"bandwidth_bytes_per_s": float(bandwidth_bytes_per_s), "bandwidth_source": bandwidth_source,
+            "copy_bandwidth_bytes_per_s": copy_bandwidth_bytes_per_s, "weight_bytes_read": w_read,
+            "input_embedding_bytes_excluded": int(input_embedding_bytes), "kv_bytes_per_token": kv_bytes_per_token,
+            "context_tokens": int(context_tokens), "new_tokens": int(new_tokens), "batches": rows}
+
+
+def measure_copy_bandwidth(torch: Any, device: str, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s: (read + write) bytes over the median copy time (CUDA only)."""
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    n = int(min(nbytes, free // 4))
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    times.sort()
+    return 2.0 * n / times[len(times) // 2]

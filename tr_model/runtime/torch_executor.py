@@ -424,6 +424,13 @@ class TorchExecutor:
             if slot is not None:
                 self.free[m].append(slot)
 
+    def reset(self) -> None:
+        """Forget every request (all slots free, log cleared): call between closed-loop runs, whose unfinished
+        requests never give their slots back."""
+        self.free = [list(range(m.n_slots - 1, -1, -1)) for m in self.models]
+        with self._lock:
+            self.step_log = []
+
     def latency_table(self, graph_only: bool = False) -> dict[int, dict[int, float]]:
         """Median measured step time in ms: ``{model: {batch_size: ms}}`` over the logged steps."""
         acc: dict[tuple[int, int], list[float]] = {}

@@ -215,12 +215,12 @@ def load_matrix(path: str | os.PathLike, models_path: str | os.PathLike | None =
     Every scored model must have a price.
     """
     path = os.fspath(path)
+    text = _read_text(path)  # first: a missing matrix is reported as missing, not as a missing price file
     if models_path is None:
         models_path = os.path.join(os.path.dirname(os.path.abspath(path)), "models.json")
         if not os.path.exists(models_path):
-            raise ShadowError(f"no price file: {models_path!r} does not exist; pass --models FILE")
+            raise ShadowError(f"{path}: no price file: {models_path!r} does not exist; pass --prices FILE")
     prices = load_prices(models_path)
-    text = _read_text(path)
     names: list[str] | None = None
     rows: list[list[float]] = []
     questions: list[str] = []

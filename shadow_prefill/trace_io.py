@@ -37,7 +37,8 @@ import numpy as np
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.sessions import SessionSet, check_call_chain
 
-__all__ = ["iter_session_trace", "read_session_trace", "write_session_trace", "atomic_write", "TRACE_FIELDS"]
+__all__ = ["iter_session_trace", "read_session_trace", "write_session_trace", "format_session_trace", "atomic_write",
+           "TRACE_FIELDS"]
 
 TRACE_FIELDS = ("session", "step", "model", "prompt_tokens", "new_input_tokens", "output_tokens", "gap_s",
                 "append_only")
@@ -206,32 +207,34 @@ def read_session_trace(path: str | os.PathLike, name: str | None = None) -> Sess
         validate=False)
 
 
-def write_session_trace(sessions: SessionSet, path: str | os.PathLike) -> int:
-    """Write ``sessions`` as a session trace (atomically); returns the number of lines.
+def format_session_trace(sessions: SessionSet, f: TextIO) -> int:
+    """Write ``sessions`` as session-trace lines to the open text stream ``f``; returns the number of lines.
 
     Sessions are written one after another, each in step order.
     """
     ss = sessions
     names = ss.model_names
     tasks = ss.task_names
-
-    def write(f: TextIO) -> None:
-        dumps = json.dumps
-        for s in range(ss.n_sessions):
-            sid = ss.session_ids[s]
-            task = tasks[int(ss.task[s])]
-            for i in range(int(ss.offsets[s]), int(ss.offsets[s + 1])):
-                rec: dict[str, Any] = {
-                    "session": sid, "step": int(ss.step[i]), "model": names[int(ss.model[i])],
-                    "prompt_tokens": int(ss.prompt[i]), "new_input_tokens": int(ss.new_input[i]),
-                    "output_tokens": int(ss.output[i]), "gap_s": round(float(ss.gap_s[i]), 6),
-                    "append_only": bool(ss.append_only[i])}
-                if task:
-                    rec["task"] = task
-                if not np.isnan(ss.score[i]):
-                    rec["score"] = float(ss.score[i])
-                f.write(dumps(rec, separators=(",", ":")))
-                f.write("\n")
-
-    atomic_write(path, write)
+    dumps = json.dumps
+    for s in range(ss.n_sessions):
+        sid = ss.session_ids[s]
+        task = tasks[int(ss.task[s])]
+        for i in range(int(ss.offsets[s]), int(ss.offsets[s + 1])):
+            rec: dict[str, Any] = {
+                "session": sid, "step": int(ss.step[i]), "model": names[int(ss.model[i])],
+                "prompt_tokens": int(ss.prompt[i]), "new_input_tokens": int(ss.new_input[i]),
+                "output_tokens": int(ss.output[i]), "gap_s": round(float(ss.gap_s[i]), 6),
+                "append_only": bool(ss.append_only[i])}
+            if task:
+                rec["task"] = task
+            if not np.isnan(ss.score[i]):
+                rec["score"] = float(ss.score[i])
+            f.write(dumps(rec, separators=(",", ":")))
+            f.write("\n")
     return ss.n_calls
+
+
+def write_session_trace(sessions: SessionSet, path: str | os.PathLike) -> int:
+    """Write ``sessions`` as a session trace file (atomically); returns the number of lines."""
+    atomic_write(path, lambda f: format_session_trace(sessions, f))
+    return sessions.n_calls

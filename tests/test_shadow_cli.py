@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -185,12 +186,70 @@ def test_bad_inputs(capsys, matrix, tmp_path):
 @pytest.mark.parametrize("argv", [["sessions", "--out", "x"], ["stats", "--synthetic", "--cached-fraction", "2"],
                                   ["sessions", "--synthetic", "--trace", "t", "--out", "x"],
                                   ["stats", "--synthetic", "--format", "xml"], ["nope"],
-                                  ["stats", "--synthetic", "--session-rate", "0"]])
+                                  ["stats", "--synthetic", "--session-rate", "0"],
+                                  ["stats", "--synthetic", "--sessions", "0"],
+                                  ["stats", "--synthetic", "--sessions", "1e3"],
+                                  ["stats", "--synthetic", "--sessions"],
+                                  ["latency", "--model", "x", "--profile", "p.json"],
+                                  ["latency", "--prompt", "-5", "--model", "qwen3-8b"],
+                                  ["stats"], ["stats", "--synthetic", "--replay-tpot-s", "inf"]])
 def test_usage_errors_exit_2(capsys, argv):
-    with pytest.raises(SystemExit) as ei:
-        main(argv)
-    assert ei.value.code == 2
-    assert "error:" in capsys.readouterr().err
+    # argparse's own errors follow the contract: one error: line, exit 2, no usage block, no exception
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_output_targets_and_formats(capsys, tmp_path):
+    # --out writes what would go to stdout, the extension chooses the format; a folder or a device is refused
+    rc, out, err = run(capsys, "stats", "--synthetic", "--sessions", "5", "--out", str(tmp_path / "s.json"))
+    assert rc == 0 and out == "" and json.loads((tmp_path / "s.json").read_text())["kind"] == "switch_tax_stats"
+    rc, out, err = run(capsys, "stats", "--synthetic", "--sessions", "5", "--out", str(tmp_path / "s.csv"))
+    assert rc == 0 and (tmp_path / "s.csv").read_text().startswith("workload,models,")
+    assert "folder" in bad(capsys, "stats", "--synthetic", "--sessions", "5", "--out", str(tmp_path))
+    assert "regular file" in bad(capsys, "stats", "--synthetic", "--sessions", "5", "--out", os.devnull)
+    assert "regular file" in bad(capsys, "sessions", "--synthetic", "--sessions", "5", "--out", os.devnull)
+    link = tmp_path / "null"
+    link.symlink_to(os.devnull)
+    assert "regular file" in bad(capsys, "latency", "--model", "qwen3-8b", "--out", str(link))
+    assert link.is_symlink() and os.readlink(link) == os.devnull
+    # sessions without --out writes the trace to stdout; the same lines as the file
+    rc, out, _ = run(capsys, "sessions", "--synthetic", "--sessions", "4", "--seed", "2")
+    assert rc == 0
+    run(capsys, "sessions", "--synthetic", "--sessions", "4", "--seed", "2", "--out", str(tmp_path / "t.jsonl"))
+    assert out == (tmp_path / "t.jsonl").read_text() and len(out.splitlines()) > 4
+    # latency has csv too, and a ratio prints as 1.111x in tables
+    rc, out, _ = run(capsys, "latency", "--model", "qwen3-8b", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rc == 0 and len(rows) == 1 and float(rows[0]["ttft_slo_s"]) >= 1.0
+    rc, out, _ = run(capsys, "stats", "--synthetic", "--sessions", "30", "--latency", "--model-config",
+                     "small=qwen3-0.6b", "--model-config", "large=qwen3-8b")
+    head, _, row = out.splitlines()
+    assert head.split()[-1] == "sw-slow" and re.fullmatch(r"\d+\.\d{3}x", row.split()[-1])
+
+
+def test_deprecated_flags_note_once(capsys, matrix, tmp_path):
+    rc, out_old, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", "--models",
+                           str(tmp_path / "models.json"), "--gap", "3,0.5", "--replay-tpot", "0.05", "--format", "json")
+    assert rc == 0
+    assert err.splitlines() == ["note: --models is deprecated; use --prices", "note: --gap is deprecated; use --gap-s",
+                                "note: --replay-tpot is deprecated; use --replay-tpot-s"]
+    rc, out_new, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", "--prices",
+                           str(tmp_path / "models.json"), "--gap-s", "3,0.5", "--replay-tpot-s", "0.05",
+                           "--format", "json")
+    assert rc == 0 and err == "" and out_old == out_new
+
+
+def test_missing_matrix_is_reported_missing(capsys, tmp_path):
+    # before: "no price file: .../models.json does not exist" for a matrix path with a typo
+    gone = tmp_path / "nope" / "queries.json"
+    err = bad(capsys, "stats", "--matrix", str(gone))
+    assert f"{gone}: no such file" in err and "price" not in err
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps([{"question": "x", "scores": {"a": 1, "b": 0}}]))
+    err = bad(capsys, "stats", "--matrix", str(q))
+    assert "no price file" in err and "--prices" in err
 
 
 def test_subprocess_entry_point(tmp_path):

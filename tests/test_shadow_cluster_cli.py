@@ -13,8 +13,8 @@ import pytest
 
 from conftest import ROOT, SHARED
 
-BASE = ["--synthetic", "--sessions", "40", "--warmup", "10", "--measure", "80", "--drain", "900",
-        "--capacity", "small=17", "--capacity", "large=5.5"]
+BASE = ["--synthetic", "--sessions", "40", "--warmup-s", "10", "--measure-s", "80", "--drain-s", "900",
+        "--capacity-rps", "small=17", "--capacity-rps", "large=5.5"]
 
 
 def tr_shadow(*args, timeout=300):
@@ -46,24 +46,28 @@ def test_simulate_table_and_csv():
 
 
 def test_compare_csv_and_sweep():
-    r = tr_shadow("compare", *BASE, "--approaches", "Harvest-SLO,Oracle", "--sim-seeds", "0,1", "--windows", "peak",
-                  "--format", "csv")
+    r = tr_shadow("compare", *BASE, "--approaches", "Harvest-SLO", "Oracle", "--sim-seeds", "0", "1", "--windows",
+                  "peak", "--format", "csv")
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [x["approach"] for x in rows] == ["No Shadow", "Harvest-SLO", "Oracle"]
     assert all(x["runs"] == "2" for x in rows)
+    # not overloaded: every measured call finished, so the reductions cover all of them
+    assert all(x["unfinished_calls"] == "0" and x["calls"] == x["measured_calls"] for x in rows)
+    assert "warning" not in r.stderr
     assert float(rows[0]["call_latency_reduction_pct"]) == 0.0
     assert float(rows[2]["switch_ttft_reduction_pct"]) > 0
-    r = tr_shadow("compare", *BASE, "--sweep", "rho=0.3,0.8", "--sim-seeds", "0", "--windows", "peak",
+    r = tr_shadow("compare", *BASE, "--sweep", "load", "0.3", "0.8", "--sim-seeds", "0", "--windows", "peak",
                   "--approaches", "Harvest-SLO", "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["sweep"]["param"] == "rho" and len(doc["results"]) == 4
+    assert doc["sweep"] == {"param": "load", "values": [0.3, 0.8]} and len(doc["results"]) == 4
+    assert {x["param"] for x in doc["results"]} == {"load"} and [x["value"] for x in doc["results"]] == [0.3] * 2 + [0.8] * 2
 
 
 def test_compare_models_per_router_sweep():
-    r = tr_shadow("compare", "--synthetic", "--sessions", "30", "--warmup", "10", "--measure", "60",
-                  "--sweep", "models_per_router=2,3", "--sim-seeds", "0", "--windows", "peak", "--format", "json")
+    r = tr_shadow("compare", "--synthetic", "--sessions", "30", "--warmup-s", "10", "--measure-s", "60",
+                  "--sweep", "models-per-router", "2", "3", "--sim-seeds", "0", "--windows", "peak", "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     rows = doc["results"]
@@ -81,12 +85,12 @@ def test_compare_models_per_router_sweep():
     (["simulate", *BASE, "--approach", "Warm-All"], "unknown approach"),
     (["simulate", *BASE, "--traffic", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
     (["simulate", *BASE, "--window", "noon"], "window"),
-    (["simulate", *BASE, "--capacity", "tiny=3"], "--capacity"),
-    (["simulate", "--synthetic", "--synthetic-models", "alpha", "beta", "--capacity", "1"], "alpha"),
-    (["compare", *BASE, "--sweep", "colour=1,2"], "cannot sweep"),
-    (["compare", *BASE, "--sim-seeds", "a,b"], "--sim-seeds"),
-    (["compare", "--trace", "/nonexistent/s.jsonl", "--sweep", "models_per_router=2,3"], "/nonexistent/s.jsonl"),
-    (["compare", *BASE, "--sweep", "models_per_router=1.5"], "models_per_router"),
+    (["simulate", *BASE, "--capacity-rps", "tiny=3"], "--capacity-rps"),
+    (["simulate", "--synthetic", "--synthetic-models", "alpha", "beta", "--capacity-rps", "1"], "alpha"),
+    (["compare", *BASE, "--sweep", "colour", "1", "2"], "cannot sweep"),
+    (["compare", *BASE, "--sim-seeds", "a", "b"], "--sim-seeds"),
+    (["compare", "--trace", "/nonexistent/s.jsonl", "--sweep", "models-per-router", "2", "3"], "/nonexistent/s.jsonl"),
+    (["compare", *BASE, "--sweep", "models-per-router", "1.5"], "models-per-router"),
     (["compare", *BASE, "--workers", "0"], "--workers"),
 ])
 def test_bad_input_one_error_line(args, msg):
@@ -101,7 +105,7 @@ def test_models_per_router_sweep_needs_synthetic(tmp_path):
     ss = generate_synthetic_sessions(SyntheticParams(n_sessions=5, models=("qwen2.5-7b", "llama-3.1-70b")))
     path = tmp_path / "s.jsonl"
     write_session_trace(ss, path)
-    r = tr_shadow("compare", "--trace", path, "--capacity", "5", "--sweep", "models_per_router=2,3")
+    r = tr_shadow("compare", "--trace", path, "--capacity-rps", "5", "--sweep", "models-per-router", "2", "3")
     assert r.returncode == 2 and r.stderr.startswith("error:") and "needs --synthetic" in r.stderr
 
 
@@ -118,3 +122,107 @@ def test_azure_traffic_when_present():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["traffic"]["requests"] > 19000 and doc["summary"]["normal_requests"] > 0
+
+
+# ---------------------------------------------------------------------------------------------- in-process checks
+
+def _main(capsys, *argv):
+    from shadow_prefill.cli import main
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_overloaded_run_is_flagged(capsys, tmp_path):
+    # no drain: sessions that start late in the window cannot finish; the run must say so, not report a mean
+    # over the calls that happened to finish as if it were the whole window
+    short = [x if x != "900" else "0" for x in BASE]
+    rc, out, err = _main(capsys, "simulate", *short, "--approach", "No Shadow", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    s = doc["summary"]
+    assert s["unfinished_calls"] > 0 and s["measured_calls"] == s["calls"] + s["unfinished_calls"]
+    assert doc["overloaded"] is True and s["overloaded"] is True
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: overloaded:") and "--drain-s" in lines[0]
+    assert f"{s['unfinished_calls']} of {s['measured_calls']} measured calls" in lines[0]
+    # the table shows the unfinished calls too
+    rc, out, err = _main(capsys, "simulate", *short, "--approach", "No Shadow")
+    assert rc == 0 and "unfinished" in out.splitlines()[0] and "warning: overloaded" in err
+    # compare: the reductions cover `calls` of `measured_calls`, and it says so
+    rc, out, err = _main(capsys, "compare", *short, "--approaches", "Oracle", "--sim-seeds", "0", "--windows",
+                         "peak", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["overloaded"] is True and "warning: overloaded" in err
+    for r in doc["results"]:
+        assert r["unfinished_calls"] > 0 and r["calls"] < r["measured_calls"]
+    # a drained run is not flagged
+    rc, out, err = _main(capsys, "simulate", *BASE, "--approach", "No Shadow", "--format", "json")
+    assert rc == 0 and json.loads(out)["overloaded"] is False and "warning" not in err
+
+
+def test_deprecated_spellings_still_read(capsys):
+    from shadow_prefill.cli import build_parser
+    old = build_parser().parse_args(["compare", "--synthetic", "--warmup", "10", "--measure", "80", "--drain", "900",
+                                     "--cold-age", "3", "--capacity", "small=17", "--models", "m.json",
+                                     "--gap", "1.0,0.5"])
+    err = capsys.readouterr().err
+    new = build_parser().parse_args(["compare", "--synthetic", "--warmup-s", "10", "--measure-s", "80", "--drain-s",
+                                     "900", "--cold-age-s", "3", "--capacity-rps", "small=17", "--prices", "m.json",
+                                     "--gap-s", "1.0,0.5"])
+    assert vars(old) == vars(new)
+    for o, n in (("--warmup", "--warmup-s"), ("--measure", "--measure-s"), ("--drain", "--drain-s"),
+                 ("--cold-age", "--cold-age-s"), ("--capacity", "--capacity-rps"), ("--models", "--prices"),
+                 ("--gap", "--gap-s")):
+        assert f"note: {o} is deprecated; use {n}\n" in err
+    assert capsys.readouterr().err == ""  # the new spellings print nothing
+    # old list and sweep syntax: same values, one note each
+    from shadow_prefill.cluster.cli import _split, _sweep_spec
+    assert _sweep_spec(["rho=0.3,0.8"]) == ("load", "rho", [0.3, 0.8])
+    assert _sweep_spec(["cold_age_s=1,5"]) == ("cold-age-s", "cold_age_s", [1.0, 5.0])
+    assert _sweep_spec(["load", "0.3", "0.8"]) == ("load", "rho", [0.3, 0.8])
+    assert _sweep_spec(["cold-age-s", "1"]) == ("cold-age-s", "cold_age_s", [1.0])
+    err = capsys.readouterr().err
+    assert err.count("note: --sweep PARAM=V1,V2 is deprecated; use --sweep load 0.3 0.8") == 1
+    assert _split(["peak,median"], "--windows") == ["peak", "median"] and "deprecated" in capsys.readouterr().err
+    assert _split(["peak", "median"], "--windows") == ["peak", "median"] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["simulate", "--synthetic", "--instances", "0"], "--instances"),       # a 25-line usage block before
+    (["simulate", "--synthetic", "--load", "-1"], "--load"),
+    (["simulate", "--synthetic", "--load", "nan"], "--load"),
+    (["simulate", "--synthetic", "--tp", "1e9"], "--tp"),
+    (["simulate", "--synthetic", "--format", "xml"], "--format"),
+    (["simulate", "--synthetic", "--no-such-flag"], "--no-such-flag"),
+    (["simulate", "--synthetic", "--trace", "t.jsonl"], "not allowed with"),
+    (["simulate"], "required"),
+    (["compare", "--synthetic", "--sim-seeds"], "--sim-seeds"),
+    (["compare", "--synthetic", "--sim-seeds", "3-1"], "empty"),
+    (["compare", "--synthetic", "--sweep", "load"], "at least one value"),
+    (["compare", "--synthetic", "--sweep", "load", "x"], "not a number"),
+    (["compare", "--synthetic", "--sweep", "load", "inf"], "finite"),
+    (["compare", "--synthetic", "--context-bins", "100", "50"], "increasing"),
+    (["compare", "--synthetic", "--approaches", "Warm-All"], "unknown approach"),
+    (["compare", "--synthetic", "--windows", "noon"], "window"),
+    (["compare", "--synthetic", "--workers", "99999"], "--workers"),
+    (["compare", "--synthetic", "--out", "/"], "folder"),
+    (["nope"], "invalid choice"),
+    ([], "required"),
+])
+def test_every_error_is_one_line(capsys, argv, msg):
+    rc, out, err = _main(capsys, *argv)
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], err
+    assert out == ""
+
+
+def test_version_and_help(capsys):
+    from tr_core.version import __version__
+    rc, out, _ = _main(capsys, "--version")
+    assert rc == 0 and out.strip() == f"tr-shadow {__version__}"
+    rc, out, _ = _main(capsys, "compare", "--help")
+    assert rc == 0 and "--warmup-s" in out and "--sim-seeds SEED [SEED ...]" in out
+    assert "--warmup " not in out and "--cold-age " not in out  # old spellings are hidden

@@ -1,280 +1,47 @@
-"""Routing traces: the JSONL format, a cheap recorder, and readers.
+"""Routing traces in the profiler: the format's rules and writer come from :mod:`tr_core.routing_trace`.
 
-Format (``schema_version`` 1, JSON Schema in ``data/schemas/routing-trace.schema.json``):
-one JSON object per line, one line per decoding step of one request::
-
-    {"request_id": 17, "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1}
-
-* ``request_id`` -- string or integer naming the request;
-* ``step`` -- integer >= 0, the request's decoding-step counter; consecutive
-  lines of one request have consecutive steps (lines of different requests may
-  interleave freely);
-* ``model`` -- integer >= 0, the model that ran this step; it equals the
-  ``next_model`` of the request's previous line;
-* ``next_model`` -- integer >= -1, the routing decision taken after the step
-  (``-1``: the request finished with this step, no routing decision);
-* ``committed_tokens`` -- number >= 0 of output tokens committed by this step
-  when it routes to ``next_model`` (the ``c_ij`` of the model).
-
-Extra keys with scalar values are allowed and ignored.  Blank lines are
-skipped.  A final line without a newline that does not parse (a writer killed
-mid-write) is dropped and reported, not an error.
-
+This module adds the fast streaming reader that the routing estimator uses:
 :func:`accumulate_trace` streams a file through the numba parser in
 ``profiler._kernels`` with fixed-size buffers; only the per-request table of
 requests in flight grows (a request ending with ``next_model = -1`` frees its
-slot).  Lines outside the canonical fast path are parsed with
-:func:`json.loads` and validated here, with the file name and line number in
-every message.
+slot).  The kernel applies the format's rules across lines (steps of a request
+in order, ``model`` = previous ``next_model``; the same texts,
+:data:`tr_core.routing_trace.RULE_TEXT`); lines outside its canonical fast path
+are decoded with :func:`json.loads` and checked by
+:func:`tr_core.routing_trace.validate_record`, with the file name and line
+number in every message.  The recorder and the pure-Python reader are the
+format module's (:class:`RoutingTraceRecorder`, :func:`read_trace_records`).
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import math
 import os
-import threading
-import time
-from dataclasses import dataclass
-from typing import Any, Iterator
+import zlib
 
 import numpy as np
 
-from tr_core.errors import TRError
+from tr_core.routing_trace import (FIELDS, RULE_TEXT, TRACE_SCHEMA_VERSION, RoutingTraceRecorder, TraceError,
+                                   TraceRecord, decode_line, iter_records, open_trace, read_error, trace_schema_path,
+                                   validate_record)
 
-TRACE_SCHEMA_VERSION = 1
-FIELDS = ("request_id", "step", "model", "next_model", "committed_tokens")
 DEFAULT_MODEL_CAP = 64
 DEFAULT_AGE_CAP = 2048
 ESC_HIST_BINS = 1000
 
 __all__ = ["TraceError", "TraceRecord", "RoutingTraceRecorder", "TraceAccumulator",
-           "accumulate_trace", "read_trace_records", "trace_schema_path", "TRACE_SCHEMA_VERSION"]
+           "accumulate_trace", "read_trace_records", "trace_schema_path", "TRACE_SCHEMA_VERSION", "validate_record"]
 
 
-class TraceError(TRError, ValueError):
-    """A routing trace is missing, unreadable or malformed; the message names file and line."""
-
-
-@dataclass(frozen=True)
-class TraceRecord:
-    request_id: str | int
-    step: int
-    model: int
-    next_model: int
-    committed_tokens: float
-
-
-def trace_schema_path() -> str:
-    """Path of the JSON Schema of the trace format (in the source tree's ``data/schemas``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(here), "data", "schemas", "routing-trace.schema.json")
-
-
-# ----------------------------------------------------------------------------
-# recorder
-
-def _json_id(rid: Any) -> str:
-    if isinstance(rid, bool):
-        raise TraceError(f"request_id must be a string or an integer, got {rid!r}")
-    if isinstance(rid, int):
-        return str(rid)
-    if isinstance(rid, str):
-        return json.dumps(rid, ensure_ascii=False)
-    if hasattr(rid, "item"):  # numpy / torch scalar
-        return _json_id(rid.item())
-    raise TraceError(f"request_id must be a string or an integer, got {type(rid).__name__}")
-
-
-def _json_tokens(c: Any) -> str:
-    if hasattr(c, "item"):
-        c = c.item()
-    if isinstance(c, bool):
-        c = int(c)
-    if isinstance(c, int):
-        if c < 0:
-            raise TraceError(f"committed_tokens must be >= 0, got {c}")
-        return str(c)
-    v = float(c)
-    if not math.isfinite(v) or v < 0:
-        raise TraceError(f"committed_tokens must be a finite number >= 0, got {c!r}")
-    return repr(v) if v != int(v) else str(int(v))
-
-
-class RoutingTraceRecorder:
-    """Append routing decisions to a JSONL trace with buffered writes.
-
-    ``record()`` formats one line into an in-memory list (~3 us per call on a 2-core EPYC VM);
-    every ``flush_lines`` lines or ``flush_seconds`` seconds the buffer is
-    written with one ``os.write`` on an ``O_APPEND`` descriptor, so a killed
-    process leaves at worst a truncated last line (the readers drop it).  Use as
-    a context manager or call :meth:`close`; ``close`` is idempotent and also
-    runs from ``__del__``.  Thread-safe.
-    """
-
-    def __init__(self, path: str | os.PathLike, *, flush_lines: int = 4096, flush_seconds: float = 1.0,
-                 append: bool = False):
-        if flush_lines < 1:
-            raise TraceError(f"flush_lines must be >= 1, got {flush_lines}")
-        self.path = os.fspath(path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-        try:
-            self._fd = os.open(self.path, flags, 0o644)
-        except OSError as e:
-            raise TraceError(f"cannot open trace {self.path!r} for writing: {e.strerror}") from None
-        self._buf: list[str] = []
-        self._flush_lines = int(flush_lines)
-        self._flush_seconds = float(flush_seconds)
-        self._last_flush = time.monotonic()
-        self._lock = threading.Lock()
-        self.lines_written = 0
-
-    def record(self, request_id: Any, step: int, model: int, next_model: int, committed_tokens: float = 1) -> None:
-        """Append one decoding step (``next_model = -1`` when the request finished)."""
-        s, m, n = int(step), int(model), int(next_model)
-        if s < 0 or m < 0 or n < -1:
-            raise TraceError(f"step and model must be >= 0 and next_model >= -1, got step={s}, model={m}, "
-                             f"next_model={n}")
-        line = (f'{{"request_id": {_json_id(request_id)}, "step": {s}, "model": {m}, '
-                f'"next_model": {n}, "committed_tokens": {_json_tokens(committed_tokens)}}}\n')
-        with self._lock:
-            if self._fd < 0:
-                raise TraceError(f"trace recorder for {self.path!r} is closed")
-            self._buf.append(line)
-            if len(self._buf) >= self._flush_lines or time.monotonic() - self._last_flush > self._flush_seconds:
-                self._flush_locked()
-
-    def record_batch(self, request_ids, steps, models, next_models, committed_tokens) -> None:
-        """Record one step of a whole batch (sequences or tensors of equal length)."""
-        cols = [c.tolist() if hasattr(c, "tolist") else list(c)
-                for c in (request_ids, steps, models, next_models, committed_tokens)]
-        n = len(cols[0])
-        if any(len(c) != n for c in cols):
-            raise TraceError("record_batch: all columns must have the same length")
-        for r in zip(*cols):
-            self.record(*r)
-
-    def _flush_locked(self) -> None:
-        if self._buf and self._fd >= 0:
-            data = "".join(self._buf).encode("utf-8")
-            view = memoryview(data)
-            while view:
-                k = os.write(self._fd, view)
-                view = view[k:]
-            self.lines_written += len(self._buf)
-            self._buf.clear()
-        self._last_flush = time.monotonic()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush_locked()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                try:
-                    self._flush_locked()
-                finally:
-                    os.close(self._fd)
-                    self._fd = -1
-
-    def __enter__(self) -> "RoutingTraceRecorder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-# ----------------------------------------------------------------------------
-# slow path: validation of one decoded line
-
-def _check_int(obj: dict, key: str, lo: int, where: str) -> int:
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TraceError(f"{where}: field {key!r} must be an integer, got {json.dumps(v)}")
-    if v < lo:
-        raise TraceError(f"{where}: field {key!r} must be >= {lo}, got {v}")
-    return v
-
-
-def validate_record(obj: Any, where: str) -> TraceRecord:
-    """Check one decoded trace line; errors name ``where`` (``file:line``) and the field."""
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: a trace line must be a JSON object")
-    missing = [k for k in FIELDS if k not in obj]
-    if missing:
-        raise TraceError(f"{where}: missing field(s) {', '.join(repr(k) for k in missing)}")
-    rid = obj["request_id"]
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise TraceError(f"{where}: field 'request_id' must be a string or an integer, got {json.dumps(rid)}")
-    step = _check_int(obj, "step", 0, where)
-    model = _check_int(obj, "model", 0, where)
-    nxt = _check_int(obj, "next_model", -1, where)
-    c = obj["committed_tokens"]
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
-        raise TraceError(f"{where}: field 'committed_tokens' must be a finite number >= 0, got {json.dumps(c)}")
-    for k, v in obj.items():
-        if k not in FIELDS and isinstance(v, (dict, list)):
-            raise TraceError(f"{where}: extra field {k!r} must have a scalar value")
-    return TraceRecord(rid, step, model, nxt, float(c))
-
-
-def _open_binary(path: str):
-    try:
-        if path.endswith(".gz"):
-            return gzip.open(path, "rb")
-        return open(path, "rb", buffering=0)
-    except FileNotFoundError:
-        raise TraceError(f"trace file {path!r} does not exist") from None
-    except IsADirectoryError:
-        raise TraceError(f"trace file {path!r} is a directory") from None
-    except OSError as e:
-        raise TraceError(f"cannot read trace file {path!r}: {e.strerror}") from None
-
-
-def read_trace_records(path: str | os.PathLike) -> Iterator[TraceRecord]:
-    """Yield validated records one by one (pure Python; for small traces and tools)."""
-    path = os.fspath(path)
-    with _open_binary(path) as raw:
-        f = io.TextIOWrapper(io.BufferedReader(raw) if not isinstance(raw, gzip.GzipFile) else raw,
-                             encoding="utf-8", errors="strict")
-        lineno = 0
-        prev = None
-        for line in f:
-            lineno += 1
-            if prev is not None:
-                yield prev
-                prev = None
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                if not line.endswith("\n"):
-                    return  # truncated last line of a killed writer
-                raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            prev = validate_record(obj, where)
-        if prev is not None:
-            yield prev
+def read_trace_records(path: str | os.PathLike):
+    """Yield validated records one by one, in file order (pure Python; for small traces and tools)."""
+    return iter_records(path)
 
 
 # ----------------------------------------------------------------------------
 # fast streaming accumulation
 
-_ERR_TEXT = {
-    1: "step {step} of request {rid} does not follow its previous step (steps of one request must be consecutive)",
-    2: "request {rid} runs on model {model} but its previous line routed it to another model (next_model)",
-    3: "model {model} / next_model {nxt} outside the allowed range (model in 0..{mmax}, next_model in -1..{mmax})",
-}
+_ERR_TEXT = RULE_TEXT
 
 
 class TraceAccumulator:
@@ -376,13 +143,13 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
     have = 0
     eof = False
     base_line = 0
-    with _open_binary(path) as f:
+    with open_trace(path) as f:
         while True:
             if not eof:
                 try:
                     got = f.readinto(memoryview(buf)[have:])
-                except OSError as e:
-                    raise TraceError(f"cannot read trace file {path!r}: {e}") from None
+                except (OSError, EOFError, zlib.error) as e:
+                    raise read_error(path, e) from None
                 if not got:
                     eof = True
                 else:
@@ -393,7 +160,7 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
                 try:
                     json.loads(tail)
                     complete = True
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                except (ValueError, RecursionError):
                     complete = tail.strip() == b""
                 if complete:
                     if have >= buf.shape[0]:
@@ -420,16 +187,10 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
                     continue
                 raw = bytes(buf[start:end])
                 if st == K.STATUS_ERROR:
-                    rec = validate_record(json.loads(raw), where)
+                    rec = validate_record(decode_line(raw, where), where)
                     _apply_slow(acc, rec, where)  # raises with the precise message
                     raise TraceError(f"{where}: inconsistent line")  # pragma: no cover
-                try:
-                    obj = json.loads(raw)
-                except UnicodeDecodeError:
-                    raise TraceError(f"{where}: not valid UTF-8") from None
-                except json.JSONDecodeError as e:
-                    raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-                _apply_slow(acc, validate_record(obj, where), where)
+                _apply_slow(acc, validate_record(decode_line(raw, where), where), where)
                 base_line += 1
                 pos = end + 1
             rest = have - pos

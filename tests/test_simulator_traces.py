@@ -22,10 +22,11 @@ def _renewal_throughput(spec, tr) -> float:
 
 
 def test_jsonl_round_trip_and_grouping(tmp_path):
+    # interleaved requests, each in step order
     recs = [
-        {"request_id": "b", "step": 1, "model": 1, "next_model": 0, "committed_tokens": 0},
         {"request_id": "a", "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1},
         {"request_id": "b", "step": 0, "model": 0, "next_model": 1, "committed_tokens": 0},
+        {"request_id": "b", "step": 1, "model": 1, "next_model": 0, "committed_tokens": 0},
         {"request_id": "a", "step": 1, "model": 0, "next_model": 1, "committed_tokens": 1.5},
     ]
     p = tmp_path / "t.jsonl"
@@ -44,14 +45,23 @@ def test_jsonl_round_trip_and_grouping(tmp_path):
     assert np.array_equal(tr.model, tr2.model) and np.array_equal(tr.committed_tokens, tr2.committed_tokens)
 
 
+C = ', "committed_tokens": 1}'
+
+
 @pytest.mark.parametrize("lines,needle", [
-    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1}', "{not json"], "line 2"),
-    (['{"request_id": 1, "step": 1, "model": 0, "next_model": 0}'], "without gaps"),
-    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1}',
-      '{"request_id": 1, "step": 1, "model": 0, "next_model": 0}'], "next_model 1"),
-    (['{"request_id": 1, "step": 0, "model": -1, "next_model": 0}'], "'model'"),
-    (['{"request_id": 1, "step": 0, "model": 0}'], "next_model"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1' + C, "{not json"], "bad.jsonl:2: not valid JSON"),
+    (['{"request_id": 1, "step": 1, "model": 0, "next_model": 0' + C], "without gaps"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1' + C,
+      '{"request_id": 1, "step": 1, "model": 0, "next_model": 0' + C], "routed it to another model"),
+    (['{"request_id": 1, "step": 0, "model": -1, "next_model": 0' + C], "'model'"),
+    (['{"request_id": 1, "step": 0, "model": 0' + C], "next_model"),
     (['{"request_id": 1, "step": 0, "model": 0, "next_model": 0, "committed_tokens": -2}'], "committed_tokens"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 0}'], "committed_tokens"),  # required
+    (['{"request_id": 1, "step": 0, "model": "0", "next_model": 0' + C], "'model' must be an integer"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1' + C,
+      '{"request_id": 2, "step": 0, "model": 0, "next_model": 1' + C,
+      '{"request_id": 1, "step": 2, "model": 1, "next_model": 1' + C,
+      '{"request_id": 1, "step": 1, "model": 1, "next_model": 1' + C], "bad.jsonl:3: step 2 of request 1"),
 ])
 def test_bad_traces_are_rejected_with_a_reason(tmp_path, lines, needle):
     p = tmp_path / "bad.jsonl"
@@ -62,7 +72,7 @@ def test_bad_traces_are_rejected_with_a_reason(tmp_path, lines, needle):
 
 
 def test_trace_model_out_of_range_for_spec():
-    tr = trace_from_records([{"request_id": 0, "step": 0, "model": 2, "next_model": 0}])
+    tr = trace_from_records([{"request_id": 0, "step": 0, "model": 2, "next_model": 0, "committed_tokens": 1}])
     with pytest.raises(SpecError, match="M = 2"):
         simulate(R2R, 2, (1, 1), trace=tr, steps=1000)
 
@@ -136,7 +146,62 @@ def test_finished_marker_reused_ids_and_gzip(tmp_path):
 
 
 def test_finished_marker_in_the_middle_is_rejected():
-    recs = [{"request_id": 1, "step": 0, "model": 0, "next_model": -1},
-            {"request_id": 1, "step": 1, "model": 0, "next_model": 0}]
-    with pytest.raises(SpecError, match="next_model -1"):
+    recs = [{"request_id": 1, "step": 0, "model": 0, "next_model": -1, "committed_tokens": 1},
+            {"request_id": 1, "step": 1, "model": 0, "next_model": 0, "committed_tokens": 1}]
+    with pytest.raises(SpecError, match="step 1 of request 1 does not follow"):
         trace_from_records(recs)
+
+
+def test_simulator_and_profiler_read_traces_by_the_same_rules(tmp_path):
+    """One format: the simulator's reader and the profiler's streaming reader accept and refuse the same files."""
+    from profiler.trace import TraceError, accumulate_trace
+    rng = np.random.default_rng(5)
+    good = generate_trace(R2R, 30, 12, seed=2)
+    p = tmp_path / "g.jsonl"
+    write_trace(good, p)
+    lines = p.read_text().splitlines()
+    # interleave the requests' lines at random while keeping each request's steps in order
+    by_req: dict = {}
+    for line in lines:
+        by_req.setdefault(json.loads(line)["request_id"], []).append(line)
+    queues = list(by_req.values())
+    mixed = []
+    while queues:
+        k = int(rng.integers(len(queues)))
+        mixed.append(queues[k].pop(0))
+        if not queues[k]:
+            queues.pop(k)
+    p.write_text("\n".join(mixed) + "\n")
+    tr = read_trace(p)
+    acc = accumulate_trace(p)
+    assert tr.n_steps == acc.lines == good.n_steps
+    assert acc.counts.sum() + acc.final_acc[0] == tr.n_steps
+    # swapping two steps of one request: both readers refuse, naming the same line
+    first = next(i for i, line in enumerate(mixed) if json.loads(line)["step"] == 1)
+    rid = json.loads(mixed[first])["request_id"]
+    second = next(i for i, line in enumerate(mixed) if i > first and json.loads(line)["request_id"] == rid)
+    bad = list(mixed)
+    bad[first], bad[second] = bad[second], bad[first]
+    p.write_text("\n".join(bad) + "\n")
+    with pytest.raises(SpecError) as e1:
+        read_trace(p)
+    with pytest.raises(TraceError) as e2:
+        accumulate_trace(p)
+    assert f"{p}:{first + 1}:" in str(e1.value) and f"{p}:{first + 1}:" in str(e2.value)
+    assert "out-of-order steps are refused" in str(e1.value) and "out-of-order steps are refused" in str(e2.value)
+
+
+def test_truncated_gzip_trace_is_one_clear_error(tmp_path):
+    import gzip
+    p = tmp_path / "t.jsonl.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        for k in range(2000):
+            f.write(json.dumps({"request_id": k, "step": 0, "model": 0, "next_model": -1,
+                                "committed_tokens": 1}) + "\n")
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecError, match="cut short"):
+        read_trace(p)
+    from profiler.trace import accumulate_trace
+    with pytest.raises(SpecError, match="cut short"):
+        accumulate_trace(p)

@@ -72,7 +72,7 @@ from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, T
                                  canonical_sha256, spec_sha256)
 
 TOOL = "tr-autotune"
-SEARCHES = ("auto", "exhaustive", "local")
+SEARCHES = ("auto", "exhaustive", "pruned", "certified", "local")
 WORKER_WRITE_INTERVAL_S = 0.2
 log = logging.getLogger("tr_model.autotune")
 
@@ -190,25 +190,31 @@ def _num(x):
 
 
 def _entry(opt: Any, search: str) -> dict:
-    """One computed row from an ``Optimum`` (and the certificate the search gives it)."""
+    """One computed row from an ``Optimum`` with the certificate the search gave it.
+
+    ``gap = (upper_bound - predicted) / upper_bound`` as in ``optimizer.bounds.gap``; exact rows have 0.
+    """
     thr = float(opt.throughput_tok_s)
     cert = getattr(opt, "certificate", None) or ("local" if search == "local" else "exhaustive")
     upper = _num(getattr(opt, "upper_bound_tok_s", None))
     if cert in ("exhaustive", "pruned-exact"):
         upper, gap = thr, 0.0
-    elif cert == "certified":
-        if upper is None:
+    elif upper is None:
+        if cert == "certified":
             raise SpecError(f"N = {opt.N}: the search certified a row without an upper bound")
-        upper = max(upper, thr)
-        gap = (upper - thr) / thr if thr > 0 else None
-    else:
         gap = None
-    return {"active_requests": int(opt.N), "thresholds": [int(b) for b in opt.best_B], "certificate": cert,
-            "predicted_tok_s": thr, "upper_bound_tok_s": upper, "gap": gap,
-            "eager_tok_s": float(opt.eager_throughput_tok_s), "gain_vs_eager": _num(opt.gain_vs_eager),
-            "states": int(opt.states), "residual": _num(opt.residual), "solver": str(opt.solver),
-            "evaluated": int(opt.evaluated), "pruned": int(getattr(opt, "pruned", 0) or 0),
-            "seconds": float(opt.seconds)}
+    else:
+        upper = max(upper, thr)
+        gap = (upper - thr) / upper if upper > 0 else 0.0
+    row = {"active_requests": int(opt.N), "thresholds": [int(b) for b in opt.best_B], "certificate": cert,
+           "predicted_tok_s": thr, "upper_bound_tok_s": upper, "gap": gap}
+    eager = _num(opt.eager_throughput_tok_s)
+    if eager is not None:  # the pruned searches may skip the eager chain (the largest one)
+        row["eager_tok_s"] = eager
+    row.update({"gain_vs_eager": _num(opt.gain_vs_eager), "states": int(opt.states), "residual": _num(opt.residual),
+                "solver": str(opt.solver), "evaluated": int(opt.evaluated),
+                "pruned": int(getattr(opt, "pruned", 0) or 0), "seconds": float(opt.seconds)})
+    return row
 
 
 def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None):
@@ -218,10 +224,11 @@ def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None):
     params = inspect.signature(S.optimize_thresholds).parameters
     if "search" in params:
         kw["search"] = opts["search"]
-        if "max_gap" in params:
-            kw["max_gap"] = opts["max_gap"]
-        if "max_evaluations" in params and opts.get("max_evaluations") is not None:
-            kw["max_evaluations"] = opts["max_evaluations"]
+        for key in ("max_gap", "max_evaluations"):
+            if key in params and opts.get(key) is not None:
+                kw[key] = opts[key]
+        if "start" in params and start is not None:
+            kw["start"] = tuple(start)  # B*(N-1): orders the work only
         return S.optimize_thresholds(spec, n, **kw)
     if opts["search"] == "local":
         return S.optimize_local(spec, n, start=start, **kw)

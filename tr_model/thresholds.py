@@ -34,8 +34,9 @@ Every row of a version-2 file says how its vector was obtained (``certificate``)
 * ``pruned-exact``: exact, vectors were skipped only by proven upper bounds;
 * ``certified``: the best vector found, and a proven ``upper_bound_tok_s`` on
   what any vector reaches at that N; ``gap = (upper_bound - predicted) /
-  predicted`` bounds what the row may lose, relative to its throughput;
-* ``local``: a local search's result, no guarantee (``gap`` null);
+  upper_bound`` bounds what the row may lose, relative;
+* ``local``: a local search's result, not guaranteed optimal (its ``gap``,
+  when given, still comes from a proven bound);
 * ``extrapolated``: nothing was computed for this N (time budget spent, or
   the chain too large); the vector is copied from row ``extrapolated_from``
   (the largest computed N below), or is all ones when ``extrapolated_from`` is

@@ -67,8 +67,11 @@ def _add_run(sub) -> None:
     t.add_argument("--tol", type=float, help="stationary residual tolerance (default: the solver's)")
     t.add_argument("--max-states", type=int, metavar="S", help="stop the table before the first N whose chain "
                    "has more than S states")
-    t.add_argument("--search", choices=("auto", "exhaustive", "local"), help="threshold search per N "
-                   "(default: the tuner's, auto)")
+    t.add_argument("--search", choices=("auto", "exhaustive", "pruned", "certified", "local"), help="threshold "
+                   "search per N (default: the tuner's, auto: exhaustive for small N, certified above); every row "
+                   "records its certificate")
+    t.add_argument("--max-gap", type=float, metavar="G", help="certified rows: largest relative gap between the "
+                   "row's throughput and the proven upper bound (default 0.005)")
     t.add_argument("--max-evaluations", type=int, metavar="K", help="refuse an N whose search would solve more "
                    "chains than this (exit code 3)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
@@ -187,7 +190,7 @@ def _tune_options(a) -> dict:
     """tune()'s options that the user set (defaults are the tuner's own)."""
     kw = dict(time_budget_s=a.time_budget_s, cache_dir=a.cache_dir, background=a.background, solver=a.solver,
               tol=a.tol, max_states=a.max_states)
-    for name in ("search", "max_evaluations"):
+    for name in ("search", "max_evaluations", "max_gap"):
         if getattr(a, name) is not None:
             kw[name] = getattr(a, name)
     return kw

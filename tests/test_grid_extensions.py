@@ -50,7 +50,7 @@ def test_latency_table_formats(tmp_path):
 
 
 def test_cli_delta_auto_and_check(run_tool):
-    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.137", "27.9", "--delta", "auto", "--N", "4",
+    r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.137", "27.9", "--delta-ms", "auto", "--N", "4",
                  "--check-delta", "--format", "json", "--no-cache")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -80,7 +80,7 @@ def test_cli_l_table_caps_and_admission(run_tool, tmp_path):
     assert capped["throughput_tok_s"] < base["throughput_tok_s"]
     bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--max-batch", "0", "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --max-batch")
-    bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--delta", "fine")
+    bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--delta-ms", "fine")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --delta")
 
 

@@ -10,6 +10,7 @@ temporary file is removed and the old file stays as it was.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from typing import IO, Any, Callable
 
@@ -55,6 +56,54 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary
         raise
 
 
+MAX_JSON_BYTES = 256 * 2 ** 20
+
+
+def _check_readable(path: str, what: str, error: type[Exception]) -> None:
+    """Refuse what is not a regular file of sensible size before opening it (a device or pipe could block
+    or never end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what} {path!r} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{what} {path!r} is a folder, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path!r} is not a regular file")
+    if st.st_size > MAX_JSON_BYTES:
+        raise error(f"{what} {path!r} is {st.st_size:,} bytes, more than {MAX_JSON_BYTES:,}; not a {what}")
+
+
+def read_text(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> str:
+    """A small UTF-8 text file; a missing, unreadable or non-regular file raises ``error`` with one line."""
+    path = os.fspath(path)
+    _check_readable(path, what, error)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise error(f"{what} {path!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {path!r} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+
+
+def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError):
+    """``json.loads`` with one-line errors naming ``label`` (deep nesting and huge integers included)."""
+    import json
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{label} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{label} is nested too deeply") from None
+    except ValueError as e:
+        raise error(f"{label} holds a number that cannot be read: {str(e).split(':')[0]}") from None
+
+
 def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> Any:
     """Load a JSON file; a missing, unreadable or malformed file raises ``error`` with one line naming it.
 
@@ -64,12 +113,21 @@ def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = Sp
     import json
 
     path = os.fspath(path)
+    _check_readable(path, what, error)
     try:
         with open(path, "r", encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         raise error(f"{what} {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path!r} is a folder, not a file") from None
     except OSError as e:
         raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{what} {path!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{what} {path!r} is nested too deeply to be a {what}") from None
+    except MemoryError:
+        raise error(f"{what} {path!r} is too large to read") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise error(f"{what} {path!r} holds a number that cannot be read: {str(e).split(':')[0]}") from None

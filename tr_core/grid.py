@@ -21,7 +21,6 @@ passes; a fine enough grid always passes.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from typing import Sequence
@@ -82,14 +81,10 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
     profile/spec document carrying ``latency_curves``.  CSV: header
     ``model,batch_size,step_latency_ms``, one row per measured point.
     """
+    from tr_core.fileio import parse_json_text, read_text
+
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise SpecError(f"--L-table: file {path!r} does not exist") from None
-    except OSError as e:
-        raise SpecError(f"--L-table: cannot read {path!r}: {e.strerror}") from None
+    text = read_text(path, "--L-table file")
     if path.lower().endswith(".csv"):
         rows: dict[int, list[tuple[int, float]]] = {}
         reader = csv.DictReader(text.splitlines())
@@ -117,10 +112,7 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
             except SpecError as e:
                 raise SpecError(f"--L-table {path!r}, model {i}: {e}") from None
         return curves
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"--L-table {path!r} is not valid JSON: {e}") from None
+    doc = parse_json_text(text, f"--L-table {path!r}")
     if isinstance(doc, dict):
         doc = doc.get("latency_curves", doc)
     if not isinstance(doc, list):

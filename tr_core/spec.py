@@ -33,6 +33,7 @@ table ``{"batch_size": [...], "step_latency_ms": [...]}`` or an affine law
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -61,6 +62,77 @@ __all__ = [
     "spec_to_dict",
     "write_json_atomic",
 ]
+
+
+# Bounds that keep every derived quantity finite and representable: durations in quanta are int64 in the
+# chain (and a chain with more than 2**31 quanta per step could never be solved); a step shorter than a
+# nanosecond or committing more than 1e9 tokens would turn throughputs into overflowing numbers.
+MAX_QUANTA = 2 ** 31
+MIN_MS = 1e-6
+MAX_MS = 1e9
+MAX_TOKENS_PER_STEP = 1e9
+MAX_DEPTH = 32
+
+
+def _show(x: Any) -> str:
+    """A short description of a JSON value for an error message."""
+    if isinstance(x, str):
+        return f"the string {x[:40]!r}" + ("..." if len(x) > 40 else "")
+    if isinstance(x, bool) or x is None:
+        return json.dumps(x)
+    if isinstance(x, Mapping):
+        return "an object"
+    if isinstance(x, (list, tuple)):
+        return "a list"
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(x: Any) -> bool:
+    import numbers
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _json_number(x: Any, where: str) -> float:
+    """A JSON number (not a string, not a boolean), finite as a float."""
+    if not _is_number(x):
+        raise SpecError(f"{where} must be a number, got {_show(x)}")
+    try:
+        v = float(x)
+    except OverflowError:
+        raise SpecError(f"{where} = {_show(x)} is too large") from None
+    if not math.isfinite(v):
+        raise SpecError(f"{where} must be finite, got {x!r}")
+    return v
+
+
+def _json_int(x: Any, where: str) -> int:
+    v = _json_number(x, where)
+    if v != int(v):
+        raise SpecError(f"{where} must be an integer, got {x!r}")
+    return int(x) if isinstance(x, int) else int(v)
+
+
+def _json_list(x: Any, where: str, n: int | None = None) -> list:
+    if not isinstance(x, list):
+        raise SpecError(f"{where} must be a list, got {_show(x)}")
+    if n is not None and len(x) != n:
+        raise SpecError(f"{where} must have M = {n} entries (one per model), got {len(x)}")
+    return x
+
+
+def _depth(x: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    best, stack = 0, [(x, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, Mapping):
+            best = max(best, d)
+            stack.extend((w, d + 1) for w in v.values())
+        elif isinstance(v, (list, tuple)):
+            best = max(best, d)
+            stack.extend((w, d + 1) for w in v)
+    return best
 
 
 def _finite(x: float, what: str) -> float:
@@ -121,22 +193,27 @@ class LatencyCurve:
     @staticmethod
     def from_dict(d: Mapping[str, Any], where: str) -> "LatencyCurve":
         if not isinstance(d, Mapping):
-            raise SpecError(f"{where} must be an object, null, or absent")
+            raise SpecError(f"{where} must be an object, null, or absent, got {_show(d)}")
         if "batch_size" in d or "step_latency_ms" in d:
-            try:
-                bs = tuple(int(b) if float(b) == int(float(b)) else float(b) for b in d["batch_size"])
-                ls = tuple(_finite(v, f"{where}.step_latency_ms") for v in d["step_latency_ms"])
-            except KeyError as e:
-                raise SpecError(f"{where} is missing field {e.args[0]!r}") from None
-            except (TypeError, ValueError):
-                raise SpecError(f"{where}: 'batch_size' and 'step_latency_ms' must be lists of numbers") from None
+            for key in ("batch_size", "step_latency_ms"):
+                if key not in d:
+                    raise SpecError(f"{where} is missing field {key!r}")
+            extra = sorted(set(d) - {"batch_size", "step_latency_ms"})
+            if extra:
+                raise SpecError(f"{where}: unknown field(s) {', '.join(map(str, extra))}")
+            bs = tuple(_json_int(b, f"{where}.batch_size[{k}]") for k, b in enumerate(_json_list(d["batch_size"], f"{where}.batch_size")))
+            ls = tuple(_json_number(v, f"{where}.step_latency_ms[{k}]")
+                       for k, v in enumerate(_json_list(d["step_latency_ms"], f"{where}.step_latency_ms")))
             try:
                 return LatencyCurve("table", batch_size=bs, step_latency_ms=ls)
             except SpecError as e:
                 raise SpecError(f"{where}: {e}") from None
         if "intercept_ms" in d:
-            a = _finite(d["intercept_ms"], f"{where}.intercept_ms")
-            c = _finite(d.get("per_request_ms", 0.0), f"{where}.per_request_ms")
+            extra = sorted(set(d) - {"intercept_ms", "per_request_ms"})
+            if extra:
+                raise SpecError(f"{where}: unknown field(s) {', '.join(map(str, extra))}")
+            a = _json_number(d["intercept_ms"], f"{where}.intercept_ms")
+            c = _json_number(d.get("per_request_ms", 0.0), f"{where}.per_request_ms")
             try:
                 return LatencyCurve("affine", intercept_ms=a, per_request_ms=c)
             except SpecError as e:
@@ -202,6 +279,10 @@ class SystemSpec:
         ``round_to_grid`` is false, naming the model, the batch size and the
         rounding that would be needed.
         """
+        d, roundings = _quanta_table(self, int(N), bool(round_to_grid))
+        return d.copy(), [dict(r) for r in roundings]
+
+    def _quanta_table(self, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
         if N < 1:
             raise SpecError(f"N must be >= 1, got {N}")
         d = np.zeros((self.M, N + 1), dtype=np.int64)
@@ -211,6 +292,9 @@ class SystemSpec:
             for b in sizes:
                 lat = self.latency_ms(i, b)
                 q = lat / self.delta_ms
+                if q > MAX_QUANTA:
+                    raise SpecError(f"latency of model {i} ({lat:g} ms) is {q:.3g} quanta of delta = "
+                                    f"{self.delta_ms:g} ms, more than {MAX_QUANTA:,}; use a coarser --delta-ms")
                 qi = max(1, int(round(q)))
                 if abs(q - round(q)) > GRID_TOL * max(1.0, abs(q)) or round(q) < 1:
                     rel = (qi * self.delta_ms - lat) / lat
@@ -230,11 +314,22 @@ class SystemSpec:
                 d[i, 0] = d[i, 1]
         return d, roundings
 
+    @property
+    def commits_no_tokens(self) -> bool:
+        """True when no step ever commits a token (every P[i][j] * C[i][j] is 0): the throughput is 0."""
+        return all(p * c == 0 for pr, cr in zip(self.routing_matrix, self.committed_tokens) for p, c in zip(pr, cr))
+
     def to_dict(self) -> dict:
         return spec_to_dict(self)
 
     def with_delta(self, delta_ms: float) -> "SystemSpec":
         return _replace(self, delta_ms=delta_ms)
+
+
+@functools.lru_cache(maxsize=512)
+def _quanta_table(spec: SystemSpec, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
+    # one conversion per (spec, N, rounding): a threshold search asks once per B (callers get copies)
+    return spec._quanta_table(N, round_to_grid)
 
 
 def _replace(spec: SystemSpec, **kw) -> SystemSpec:
@@ -249,8 +344,12 @@ def _validate(s: SystemSpec) -> None:
     for i, L in enumerate(s.step_latency_ms):
         if not math.isfinite(L) or L <= 0:
             raise SpecError(f"step_latency_ms[{i}] must be > 0, got {L!r}")
+        if not MIN_MS <= L <= MAX_MS:
+            raise SpecError(f"step_latency_ms[{i}] = {L:g} ms is outside [{MIN_MS:g}, {MAX_MS:g}] ms")
     if not math.isfinite(s.delta_ms) or s.delta_ms <= 0:
         raise SpecError(f"delta_ms must be > 0, got {s.delta_ms!r}")
+    if s.delta_ms < MIN_MS:
+        raise SpecError(f"delta_ms = {s.delta_ms:g} ms is below {MIN_MS:g} ms (a nanosecond)")
     for name, mat in (("routing_matrix", s.routing_matrix), ("committed_tokens", s.committed_tokens)):
         if len(mat) != M:
             raise SpecError(f"{name} must have M = {M} rows (one per model), got {len(mat)}")
@@ -271,6 +370,9 @@ def _validate(s: SystemSpec) -> None:
         for j, v in enumerate(row):
             if v < 0:
                 raise SpecError(f"committed_tokens[{i}][{j}] = {v:g} must be >= 0")
+            if v > MAX_TOKENS_PER_STEP:
+                raise SpecError(f"committed_tokens[{i}][{j}] = {v:g} is more than {MAX_TOKENS_PER_STEP:g} tokens "
+                                "per step")
     if s.model_names is not None and len(s.model_names) != M:
         raise SpecError(f"model_names must have M = {M} entries, got {len(s.model_names)}")
     if s.latency_curves is not None:
@@ -281,8 +383,12 @@ def _validate(s: SystemSpec) -> None:
                 raise SpecError(f"latency_curves[{i}] must be a LatencyCurve or None")
             if c is not None:
                 for b in (1, 2, 4, 8, 16, 64, 256, 1024):
-                    if c.latency_ms(b) <= 0:
+                    lat = c.latency_ms(b)
+                    if lat <= 0:
                         raise SpecError(f"latency_curves[{i}] gives a non-positive latency at batch size {b}")
+                    if not MIN_MS <= lat <= MAX_MS:
+                        raise SpecError(f"latency_curves[{i}] gives {lat:g} ms at batch size {b}, outside "
+                                        f"[{MIN_MS:g}, {MAX_MS:g}] ms")
     if s.max_batch_size is not None:
         if len(s.max_batch_size) != M:
             raise SpecError(f"max_batch_size must have M = {M} entries, got {len(s.max_batch_size)}")
@@ -414,27 +520,62 @@ _KNOWN_KEYS = {"schema_version", "name", "step_latency_ms", "routing_matrix", "c
                "model_names", "latency_curves", "max_batch_size", "provenance", "M"}
 
 
+def _check_json_types(d: Mapping[str, Any]) -> int:
+    """Check every field of a spec document for its JSON type; return M.  Messages name the field."""
+    L = _json_list(d["step_latency_ms"], "step_latency_ms")
+    M = len(L)
+    for i, v in enumerate(L):
+        _json_number(v, f"step_latency_ms[{i}]")
+    for key in ("routing_matrix", "committed_tokens"):
+        rows = _json_list(d[key], key)
+        if len(rows) != M:
+            raise SpecError(f"{key} must have M = {M} rows (one per model), got {len(rows)}")
+        for i, row in enumerate(rows):
+            for j, v in enumerate(_json_list(row, f"{key}[{i}]", M)):
+                _json_number(v, f"{key}[{i}][{j}]")
+    if "delta_ms" in d:
+        _json_number(d["delta_ms"], "delta_ms")
+    if "M" in d and _json_int(d["M"], "M") != M:
+        raise SpecError(f"'M' = {d['M']!r} but step_latency_ms has {M} entries")
+    if "name" in d and not isinstance(d["name"], str):
+        raise SpecError(f"name must be a string, got {_show(d['name'])}")
+    if d.get("model_names") is not None:
+        for i, v in enumerate(_json_list(d["model_names"], "model_names", M)):
+            if not isinstance(v, str):
+                raise SpecError(f"model_names[{i}] must be a string, got {_show(v)}")
+    if d.get("latency_curves") is not None:
+        _json_list(d["latency_curves"], "latency_curves", M)  # entries are checked by LatencyCurve.from_dict
+    if d.get("max_batch_size") is not None:
+        for i, v in enumerate(_json_list(d["max_batch_size"], "max_batch_size", M)):
+            if v is not None:
+                _json_int(v, f"max_batch_size[{i}]")
+    if d.get("provenance") is not None and not isinstance(d["provenance"], Mapping):
+        raise SpecError(f"provenance must be an object, got {_show(d['provenance'])}")
+    return M
+
+
 def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
-    """Validate a spec document (as loaded from JSON) and build the spec."""
+    """Validate a spec document (as loaded from JSON) and build the spec.
+
+    Every field is checked for its JSON type first (a string where a number belongs is refused, not
+    converted), then for its value; errors name ``where`` (the file) and the field, e.g.
+    ``s.json: max_batch_size[0] must be an integer, got 1.5``.
+    """
     if not isinstance(d, Mapping):
-        raise SpecError(f"{where}: a spec must be a JSON object")
+        raise SpecError(f"{where}: a spec must be a JSON object, got {_show(d)}")
+    if _depth(d) > MAX_DEPTH:
+        raise SpecError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a spec")
     ver = d.get("schema_version", SPEC_SCHEMA_VERSION)
-    if ver != SPEC_SCHEMA_VERSION:
+    if isinstance(ver, bool) or ver != SPEC_SCHEMA_VERSION:
         raise SpecError(f"{where}: unsupported schema_version {ver!r} (this tool reads {SPEC_SCHEMA_VERSION})")
-    unknown = sorted(set(d) - _KNOWN_KEYS)
+    unknown = sorted(map(str, set(d) - _KNOWN_KEYS))
     if unknown:
         raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}")
     for key in ("step_latency_ms", "routing_matrix", "committed_tokens"):
         if key not in d:
             raise SpecError(f"{where}: missing field {key!r}")
-    if not isinstance(d["step_latency_ms"], list):
-        raise SpecError(f"{where}: 'step_latency_ms' must be a list of numbers")
-    for key in ("routing_matrix", "committed_tokens"):
-        if not isinstance(d[key], list) or not all(isinstance(r, list) for r in d[key]):
-            raise SpecError(f"{where}: {key!r} must be a list of lists (an M x M matrix)")
-    if "M" in d and d["M"] != len(d["step_latency_ms"]):
-        raise SpecError(f"{where}: 'M' = {d['M']!r} but step_latency_ms has {len(d['step_latency_ms'])} entries")
     try:
+        _check_json_types(d)
         return make_spec(
             d["step_latency_ms"], d["routing_matrix"], d["committed_tokens"],
             delta_ms=d.get("delta_ms", 0.1), name=d.get("name", "custom"),

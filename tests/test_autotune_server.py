@@ -329,3 +329,17 @@ def test_the_budget_is_a_limit_when_the_work_is_slow(tmp_path, monkeypatch):
         assert autotune.stop_worker(out)
     assert proc.poll() is not None and not (tmp_path / "th.json.lock").exists()
     assert ThresholdTable.load(out).covered_concurrency == 59  # the killed worker left a valid file
+
+
+def test_cli_run_accepts_delta_auto_and_certified_search(tmp_path):
+    from tr_core.grid import coarsest_delta, spec_latencies
+    out = tmp_path / "th.json"
+    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--delta", "auto", "--N", "5", "--thresholds", str(out),
+             "--search", "certified", "--max-gap", "0.01", "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["delta_ms"] == pytest.approx(coarsest_delta(spec_latencies(SPEC, 5), 0.01), rel=1e-12)
+    assert doc["provenance"]["options"]["search"] == "certified" and doc["complete"]
+    for e in doc["entries"]:
+        assert e["certificate"] in ("pruned-exact", "certified", "exhaustive") and 0 <= e["gap"] <= 0.01
+        assert e["upper_bound_tok_s"] >= e["predicted_tok_s"]

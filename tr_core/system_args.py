@@ -35,12 +35,16 @@ class System:
     round_to_grid: bool
     delta_auto: dict | None = None  # {"delta_ms": ..., "rtol": ...} when --delta-ms auto chose the grid
 
-    def note(self) -> str | None:
-        """The line telling the user which grid ``--delta-ms auto`` chose (None otherwise)."""
-        if not self.delta_auto:
-            return None
-        return (f"--delta-ms auto chose delta = {self.delta_auto['delta_ms']:.6g} ms (every latency within "
-                f"{self.delta_auto['rtol']:g} relative)")
+    def notes(self) -> list[str]:
+        """Lines for stderr: the grid ``--delta-ms auto`` chose; a system that never commits a token."""
+        out = []
+        if self.delta_auto:
+            out.append(f"--delta-ms auto chose delta = {self.delta_auto['delta_ms']:.6g} ms (every latency "
+                       f"within {self.delta_auto['rtol']:g} relative)")
+        if self.spec.commits_no_tokens:
+            out.append("no step of this system commits a token (every P[i][j] * C[i][j] is 0): the throughput "
+                       "is 0 for every B, so every B ties and the gain over eager is undefined")
+        return out
 
 
 def add_system_args(parser, *, title: str = "system (--spec, or a preset: --p/--algo/--weights with --L)",

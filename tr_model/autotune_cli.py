@@ -208,8 +208,9 @@ def _cmd_run(a) -> int:
     _positive_float(a.tol, "--tol")
     check_out_path(a.thresholds, "--thresholds")
     system = build_system(a, a.N)
-    if system.delta_auto and not a.quiet:
-        note(system.note())
+    if not a.quiet:
+        for line in system.notes():
+            note(line)
     table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid, **_tune_options(a))
     why = _why_partial(table)
     if why and not a.quiet:

@@ -480,7 +480,7 @@ def main_impl(argv=None) -> int:
     plan = validate(a)
     speak = fmt == "table" and not a.quiet
     if speak:
-        for line in filter(None, [plan.system.note()] + _rounding_notes(plan.roundings, plan.system.spec.M)):
+        for line in plan.system.notes() + _rounding_notes(plan.roundings, plan.system.spec.M):
             note(line)
     progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
     doc, found = compute(plan, progress)

@@ -53,17 +53,109 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tr_core.errors import SpecError
-from tr_core.fileio import read_json
 from tr_core.units import DTYPE_BYTES, GIB
 
 PLACEMENT_SCHEMA_VERSION = 1
+MAX_JSON_BYTES = 16 * 2 ** 20          # a placement or config.json is a few kB
+MAX_CONFIG_INT = 10 ** 12             # layers, heads, sizes: far above any model, far below float overflow
+MAX_PARAMETERS = 10 ** 16             # parameters or bytes of weights
+MAX_GPUS = 1 << 16
+PLACEMENT_KEYS = ("schema_version", "name", "gpu_memory_gib", "memory_budget_fraction",
+                  "reserved_gib_per_model_gpu", "page_size_tokens", "models", "$schema", "comment")
+MODEL_KEYS = ("name", "config", "gpus", "tensor_parallel", "kv_cache_dtype", "num_parameters", "comment")
 
 __all__ = ["ModelFootprint", "PlacedModel", "Placement", "KVPlan", "read_model_footprint", "load_placement",
            "make_placement", "plan_kv_cache", "plan_to_dict", "DTYPE_BYTES", "GIB"]
 
 
+def _short(x: Any) -> str:
+    """A bounded repr for messages (a field may hold a huge or deeply nested value)."""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother, r.maxlong = 2, 6, 4, 40, 40, 40
+    try:
+        return r.repr(x)
+    except Exception:  # noqa: BLE001 - a message must not fail
+        return f"<{type(x).__name__}>"
+
+
+def _read_json_file(path: str, what: str) -> Any:
+    """Parse a small JSON file; every failure is one SpecError line naming the file (no NaN, no 1e400)."""
+    import stat as _stat
+
+    def bad_number(text):
+        raise ValueError(f"{text} is not a finite JSON number")
+
+    def parse_float(text):
+        x = float(text)
+        if not math.isfinite(x):
+            bad_number(text[:40])
+        return x
+
+    try:
+        st = os.stat(path)
+        if _stat.S_ISDIR(st.st_mode):
+            raise SpecError(f"{what} {path!r} is a directory")
+        if not _stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{what} {path!r} is not a regular file")
+        if st.st_size > MAX_JSON_BYTES:
+            raise SpecError(f"{what} {path!r} has {st.st_size} bytes, more than {MAX_JSON_BYTES} (not a {what}?)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(f"{what} {path!r} does not exist") from None
+    except OSError as e:
+        raise SpecError(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    except ValueError as e:  # an embedded NUL in the path
+        raise SpecError(f"cannot read {what} {path!r}: {e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{what} {path!r} is not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_float=parse_float, parse_constant=bad_number)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{what} {path!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise SpecError(f"{what} {path!r} is nested too deeply") from None
+    except ValueError as e:  # NaN, Infinity, 1e400, an integer of more than 4300 digits
+        msg = str(e).split(":")[0]
+        raise SpecError(f"{what} {path!r} holds an invalid number: {msg}") from None
+
+
+def _int(v: Any, where: str, name: str, minimum: int = 1, maximum: int = MAX_CONFIG_INT) -> int:
+    """A JSON integer in [minimum, maximum] (a string, float or boolean is refused, not converted)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        raise SpecError(f"{where}: {name} must be an integer in {minimum}..{maximum}, got {_short(v)}")
+    return v
+
+
+def _number(v: Any, where: str, name: str, *, minimum: float, strict: bool, maximum: float | None = None) -> float:
+    """A finite JSON number (> minimum when strict, else >=), at most ``maximum``; never converted from text."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if ok:
+        try:
+            x = float(v)
+        except OverflowError:
+            ok = False
+        else:
+            ok = math.isfinite(x) and (x > minimum if strict else x >= minimum) and (maximum is None or x <= maximum)
+    if not ok:
+        rng = f"{'>' if strict else '>='} {minimum:g}" + (f" and <= {maximum:g}" if maximum is not None else "")
+        raise SpecError(f"{where}: {name} must be a finite number {rng}, got {_short(v)}")
+    return x
+
+
+def _str(v: Any, where: str, name: str) -> str:
+    if not isinstance(v, str) or not v or "\0" in v:
+        raise SpecError(f"{where}: {name} must be a non-empty string, got {_short(v)}")
+    return v
+
+
 def _dtype_bytes(name: Any, where: str) -> int:
-    key = str(name).lower().replace("torch.", "")
+    if not isinstance(name, str):
+        raise SpecError(f"{where}: dtype must be a string, got {_short(name)}")
+    key = name.lower().replace("torch.", "")
     if key not in DTYPE_BYTES:
         raise SpecError(f"{where}: unknown dtype {name!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
     return DTYPE_BYTES[key]
@@ -112,8 +204,8 @@ def _int_field(cfg: Mapping[str, Any], key: str, where: str, minimum: int = 1) -
     if key not in cfg:
         raise SpecError(f"{where}: missing field {key!r}")
     v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise SpecError(f"{where}: field {key!r} must be an integer >= {minimum}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_CONFIG_INT:
+        raise SpecError(f"{where}: field {key!r} must be an integer in {minimum}..{MAX_CONFIG_INT}, got {_short(v)}")
     return v
 
 
@@ -146,9 +238,15 @@ def read_model_footprint(config_path: str | os.PathLike | None = None, *, config
     if config is None:
         if path is None:
             raise SpecError("read_model_footprint needs a config path or a config dict")
-        config = read_json(path, "config.json")
+        config = _read_json_file(path, "config.json")
     if not isinstance(config, Mapping):
-        raise SpecError(f"{where}: must be a JSON object")
+        raise SpecError(f"{where}: must be a JSON object, got {_short(config)}")
+    if name is not None:
+        _str(name, where, "name")
+    for key, kind in (("model_type", str), ("attention_bias", bool), ("tie_word_embeddings", bool)):
+        if config.get(key) is not None and not isinstance(config[key], kind):
+            raise SpecError(f"{where}: field {key!r} must be a {'string' if kind is str else 'boolean'}, "
+                            f"got {_short(config[key])}")
     cfg = config.get("text_config", config) if isinstance(config.get("text_config"), Mapping) else config
     layers = _int_field(cfg, "num_hidden_layers", where)
     hidden = _int_field(cfg, "hidden_size", where)
@@ -157,30 +255,30 @@ def read_model_footprint(config_path: str | os.PathLike | None = None, *, config
     if heads % kv_heads:
         raise SpecError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
     head_dim = _int_field(cfg, "head_dim", where) if cfg.get("head_dim") is not None else hidden // heads
+    if head_dim < 1:
+        raise SpecError(f"{where}: hidden_size = {hidden} is smaller than num_attention_heads = {heads} and no "
+                        f"'head_dim' is given")
     dtype_key = "torch_dtype" if "torch_dtype" in cfg else ("dtype" if "dtype" in cfg else None)
     if dtype_key is None:
         raise SpecError(f"{where}: missing field 'torch_dtype'")
-    dtype = str(cfg[dtype_key]).replace("torch.", "")
-    dbytes = _dtype_bytes(dtype, f"{where}: field {dtype_key!r}")
+    dbytes = _dtype_bytes(cfg[dtype_key], f"{where}: field {dtype_key!r}")
+    dtype = cfg[dtype_key].replace("torch.", "")
     kv_bytes = dbytes if kv_cache_dtype in (None, "auto") else _dtype_bytes(kv_cache_dtype, f"{where}: kv_cache_dtype")
     nm = name or (os.path.basename(os.path.dirname(os.path.abspath(path))) if path else "model")
 
     index = os.path.join(os.path.dirname(os.path.abspath(path)), "model.safetensors.index.json") if path else None
     if num_parameters is None and "num_parameters" in cfg:
-        num_parameters = _int_field(cfg, "num_parameters", where)
+        num_parameters = _int(cfg["num_parameters"], where, "field 'num_parameters'", 1, MAX_PARAMETERS)
     if index and os.path.exists(index) and num_parameters is None:
-        try:
-            with open(index, "r", encoding="utf-8") as f:
-                total = json.load(f)["metadata"]["total_size"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise SpecError(f"{index!r}: cannot read metadata.total_size") from None
-        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-            raise SpecError(f"{index!r}: metadata.total_size must be a positive integer (bytes)")
+        idx = _read_json_file(index, "safetensors index")
+        meta = idx.get("metadata") if isinstance(idx, dict) else None
+        if not isinstance(meta, dict) or "total_size" not in meta:
+            raise SpecError(f"safetensors index {index!r}: missing field metadata.total_size")
+        total = _int(meta["total_size"], f"safetensors index {index!r}", "metadata.total_size", 1, MAX_PARAMETERS)
         return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, None, 0, total,
                               "safetensors index", path)
     if num_parameters is not None:
-        if isinstance(num_parameters, bool) or not isinstance(num_parameters, int) or num_parameters < 1:
-            raise SpecError(f"{where}: num_parameters must be an integer >= 1, got {num_parameters!r}")
+        _int(num_parameters, where, "num_parameters", 1, MAX_PARAMETERS)
         return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, num_parameters, 0,
                               num_parameters * dbytes, "num_parameters", path)
     params, replicated = _dense_parameter_count(cfg, where, layers, heads, kv_heads, head_dim, hidden)
@@ -218,17 +316,17 @@ def make_placement(models: Sequence[tuple[ModelFootprint, Sequence[int], int]], 
                    memory_budget_fraction: float = 0.9, reserved_gib_per_model_gpu: float = 0.0,
                    page_size_tokens: int = 1, name: str = "placement") -> Placement:
     """Validate a placement: ``models`` is a list of (footprint, GPU indices, TP degree)."""
+    where = "placement"
     if not models:
         raise SpecError("placement: 'models' is empty")
     placed = []
     top = -1
     for k, (fp, gpus, tp) in enumerate(models):
         w = f"placement: models[{k}] ({fp.name})"
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise SpecError(f"{w}: tensor_parallel must be an integer >= 1, got {tp!r}")
-        g = tuple(gpus)
-        if not g or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in g):
-            raise SpecError(f"{w}: gpus must be a non-empty list of GPU indices >= 0, got {list(gpus)!r}")
+        _int(tp, w, "tensor_parallel", 1, MAX_GPUS)
+        if not isinstance(gpus, (list, tuple)) or not gpus:
+            raise SpecError(f"{w}: gpus must be a non-empty list of GPU indices >= 0, got {_short(gpus)}")
+        g = tuple(_int(x, w, f"gpus[{j}]", 0, MAX_GPUS - 1) for j, x in enumerate(gpus))
         if len(set(g)) != len(g):
             raise SpecError(f"{w}: gpus lists a GPU twice: {list(g)}")
         if len(g) != tp:
@@ -236,61 +334,101 @@ def make_placement(models: Sequence[tuple[ModelFootprint, Sequence[int], int]], 
         fp.kv_heads_per_gpu(tp)
         top = max(top, max(g))
         placed.append(PlacedModel(fp, g, tp))
-    if isinstance(gpu_memory_gib, (int, float)):
-        mem = [float(gpu_memory_gib)] * (top + 1)
-    else:
-        mem = [float(x) for x in gpu_memory_gib]
+    if isinstance(gpu_memory_gib, (list, tuple)):
+        if not gpu_memory_gib or len(gpu_memory_gib) > MAX_GPUS:
+            raise SpecError(f"{where}: gpu_memory_gib must list 1..{MAX_GPUS} GPUs, got {len(gpu_memory_gib)}")
+        mem = [_number(x, where, f"gpu_memory_gib[{g}]", minimum=0.0, strict=True, maximum=1e9)
+               for g, x in enumerate(gpu_memory_gib)]
         if len(mem) <= top:
-            raise SpecError(f"placement: gpu_memory_gib lists {len(mem)} GPUs but GPU {top} is used")
-    if any(not math.isfinite(x) or x <= 0 for x in mem):
-        raise SpecError("placement: gpu_memory_gib must be > 0")
-    f = float(memory_budget_fraction)
-    if not (0 < f <= 1):
-        raise SpecError(f"placement: memory_budget_fraction must be in (0, 1], got {memory_budget_fraction!r}")
-    r = float(reserved_gib_per_model_gpu)
-    if not math.isfinite(r) or r < 0:
-        raise SpecError(f"placement: reserved_gib_per_model_gpu must be >= 0, got {reserved_gib_per_model_gpu!r}")
-    if isinstance(page_size_tokens, bool) or not isinstance(page_size_tokens, int) or page_size_tokens < 1:
-        raise SpecError(f"placement: page_size_tokens must be an integer >= 1, got {page_size_tokens!r}")
+            raise SpecError(f"{where}: gpu_memory_gib lists {len(mem)} GPUs but GPU {top} is used")
+    else:
+        mem = [_number(gpu_memory_gib, where, "gpu_memory_gib", minimum=0.0, strict=True, maximum=1e9)] * (top + 1)
+    f = _number(memory_budget_fraction, where, "memory_budget_fraction", minimum=0.0, strict=True, maximum=1.0)
+    r = _number(reserved_gib_per_model_gpu, where, "reserved_gib_per_model_gpu", minimum=0.0, strict=False,
+                maximum=1e9)
+    _int(page_size_tokens, where, "page_size_tokens", 1, 2 ** 31 - 1)
     return Placement(tuple(placed), tuple(int(round(x * GIB)) for x in mem), f, int(round(r * GIB)),
-                     page_size_tokens, name)
+                     page_size_tokens, _str(name, where, "name"))
 
 
 def load_placement(path: str | os.PathLike, *, gpu_memory_gib: float | None = None,
                    memory_budget_fraction: float | None = None) -> Placement:
-    """Read a placement JSON file; config paths inside it are relative to the file."""
+    """Read a placement JSON file; config paths inside it are relative to the file.
+
+    Every field is checked for its JSON type (a string where a number belongs
+    is refused, not converted), finiteness and range; errors name the file and
+    the field (``models[0].gpus[1]``).  Unknown keys are refused (a misspelt
+    key would otherwise be ignored silently).
+    """
     p = os.fspath(path)
-    doc = read_json(p, "placement file")
+    where = f"placement file {p!r}"
+    doc = _read_json_file(p, "placement file")
     if not isinstance(doc, dict):
-        raise SpecError(f"placement file {p!r}: must be a JSON object")
+        raise SpecError(f"{where}: must be a JSON object, got {_short(doc)}")
+    unknown = sorted(k for k in doc if k not in PLACEMENT_KEYS)
+    if unknown:
+        raise SpecError(f"{where}: unknown field {_short(unknown[0])} (known: {', '.join(PLACEMENT_KEYS[:7])})")
     ver = doc.get("schema_version", PLACEMENT_SCHEMA_VERSION)
-    if ver != PLACEMENT_SCHEMA_VERSION:
-        raise SpecError(f"placement file {p!r}: unsupported schema_version {ver!r} (this tool reads 1)")
+    if isinstance(ver, bool) or ver != PLACEMENT_SCHEMA_VERSION:
+        raise SpecError(f"{where}: unsupported schema_version {_short(ver)} (this tool reads 1)")
     base = os.path.dirname(os.path.abspath(p))
     models = doc.get("models")
     if not isinstance(models, list) or not models:
-        raise SpecError(f"placement file {p!r}: 'models' must be a non-empty list")
+        raise SpecError(f"{where}: 'models' must be a non-empty list, got {_short(models)}")
     triples = []
     for k, m in enumerate(models):
+        mw = f"models[{k}]"
         if not isinstance(m, dict):
-            raise SpecError(f"placement file {p!r}: models[{k}] must be an object")
+            raise SpecError(f"{where}: {mw} must be an object, got {_short(m)}")
+        unknown = sorted(key for key in m if key not in MODEL_KEYS)
+        if unknown:
+            raise SpecError(f"{where}: {mw} has an unknown field {_short(unknown[0])} "
+                            f"(known: {', '.join(MODEL_KEYS[:6])})")
         for key in ("config", "gpus"):
             if key not in m:
-                raise SpecError(f"placement file {p!r}: models[{k}] is missing field {key!r}")
-        cfg = m["config"]
-        cfg_path = cfg if os.path.isabs(cfg) else os.path.join(base, cfg)
-        fp = read_model_footprint(cfg_path, name=m.get("name"), kv_cache_dtype=m.get("kv_cache_dtype"),
-                                  num_parameters=m.get("num_parameters"))
+                raise SpecError(f"{where}: {mw} is missing field {key!r}")
+        cfg = _str(m["config"], where, f"{mw}.config")
+        name = _str(m["name"], where, f"{mw}.name") if m.get("name") is not None else None
+        kv = m.get("kv_cache_dtype")
+        if kv is not None:
+            _str(kv, where, f"{mw}.kv_cache_dtype")
+            if kv != "auto":
+                _dtype_bytes(kv, f"{where}: {mw}.kv_cache_dtype")
+        nparams = m.get("num_parameters")
+        if nparams is not None:
+            _int(nparams, where, f"{mw}.num_parameters", 1, MAX_PARAMETERS)
         gpus = m["gpus"]
-        if not isinstance(gpus, list):
-            raise SpecError(f"placement file {p!r}: models[{k}].gpus must be a list of GPU indices")
-        triples.append((fp, gpus, m.get("tensor_parallel", len(gpus))))
+        if not isinstance(gpus, list) or not gpus:
+            raise SpecError(f"{where}: {mw}.gpus must be a non-empty list of GPU indices, got {_short(gpus)}")
+        for j, g in enumerate(gpus):
+            _int(g, where, f"{mw}.gpus[{j}]", 0, MAX_GPUS - 1)
+        tp = _int(m.get("tensor_parallel", len(gpus)), where, f"{mw}.tensor_parallel", 1, MAX_GPUS)
+        cfg_path = cfg if os.path.isabs(cfg) else os.path.join(base, cfg)
+        fp = read_model_footprint(cfg_path, name=name, kv_cache_dtype=kv, num_parameters=nparams)
+        triples.append((fp, gpus, tp))
     mem = gpu_memory_gib if gpu_memory_gib is not None else doc.get("gpu_memory_gib")
     if mem is None:
-        raise SpecError(f"placement file {p!r}: missing field 'gpu_memory_gib' (or pass --gpu-memory-gib)")
+        raise SpecError(f"{where}: missing field 'gpu_memory_gib' (or pass --gpu-memory-gib)")
+    if gpu_memory_gib is None:
+        if isinstance(mem, list):
+            if not mem or len(mem) > MAX_GPUS:
+                raise SpecError(f"{where}: gpu_memory_gib must list 1..{MAX_GPUS} GPUs, got {len(mem)}")
+            for g, x in enumerate(mem):
+                _number(x, where, f"gpu_memory_gib[{g}]", minimum=0.0, strict=True, maximum=1e9)
+        else:
+            _number(mem, where, "gpu_memory_gib", minimum=0.0, strict=True, maximum=1e9)
     frac = memory_budget_fraction if memory_budget_fraction is not None else doc.get("memory_budget_fraction", 0.9)
-    return make_placement(triples, mem, frac, doc.get("reserved_gib_per_model_gpu", 0.0),
-                          doc.get("page_size_tokens", 1), str(doc.get("name", os.path.basename(p))))
+    if memory_budget_fraction is None:
+        _number(frac, where, "memory_budget_fraction", minimum=0.0, strict=True, maximum=1.0)
+    reserved = _number(doc.get("reserved_gib_per_model_gpu", 0.0), where, "reserved_gib_per_model_gpu",
+                       minimum=0.0, strict=False, maximum=1e9)
+    page = _int(doc.get("page_size_tokens", 1), where, "page_size_tokens", 1, 2 ** 31 - 1)
+    name = _str(doc["name"], where, "name") if doc.get("name") is not None else os.path.basename(p)
+    try:
+        return make_placement(triples, mem, frac, reserved, page, name)
+    except SpecError as e:  # the rules across fields (gpus vs tensor_parallel, ...): name the file too
+        msg = str(e)
+        raise SpecError(f"{where}: {msg[len('placement: '):] if msg.startswith('placement: ') else msg}") from None
 
 
 @dataclass(frozen=True)

@@ -77,11 +77,17 @@ def digest(run) -> dict:
     return d
 
 
+def legacy(cfg):
+    """The fixture predates issue 16's shadow-tail class: replay it with the whole-copy rule it had."""
+    from dataclasses import replace
+    return replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False)
+
+
 def compute_all() -> dict:
     from shadow_prefill.cluster.sim import simulate_cluster
     res = {}
     for name, ss, cfg, a, sc, cap in cases():
-        res[name] = digest(simulate_cluster(ss, cfg, a, sc, capacity=cap))
+        res[name] = digest(simulate_cluster(ss, legacy(cfg), a, sc, capacity=cap))
     return res
 
 

@@ -2,7 +2,9 @@
 
 ``fixtures/shadow_cluster_kernel_outputs.json`` holds SHA-256 digests of every
 output array of 25 fixed-seed runs, written by ``shadow_kernel_cases.py`` from
-the kernel before the split (issue 15, item 4).
+the kernel before the split (issue 15, item 4).  Issue 16 then changed one rule (a session's copy that shadow
+work extends keeps its class; only the shadow tail is evict-first); the fixture replays with the old rule
+(``shadow_extends_whole_copy=True``), which must leave every output unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def test_fixture_names_every_case(expected, cases):
 def test_outputs_identical_to_fixture(name, expected, cases):
     from shadow_prefill.cluster.sim import simulate_cluster
     _, ss, cfg, a, sc, cap = cases[name]
-    got = kc.digest(simulate_cluster(ss, cfg, a, sc, capacity=cap))
+    got = kc.digest(simulate_cluster(ss, kc.legacy(cfg), a, sc, capacity=cap))
     want = expected[name]
     for k in kc.ARRAYS:
         assert got[k] == want[k], f"{name}: {k} differs from the pre-split kernel"

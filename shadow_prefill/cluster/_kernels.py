@@ -50,7 +50,9 @@ Q_P_MEM = 13        # W per GPU, memory-bound iteration
 Q_P_MAX = 14        # W per GPU, compute-bound iteration
 Q_POLL = 15         # re-check period of an idle instance whose shadow work waits for KV
 Q_CACHE_NORMAL = 16  # keep finished normal requests as (never-hit) cache entries
-Q_SIZE = 17
+Q_WHOLE_COPY = 17   # legacy (before issue 16): a copy that shadow work extends joins the shadow class whole
+Q_COLD_FIRST = 18   # admissions take entries idle > cold age before the shadow class (what shadows may take too)
+Q_SIZE = 19
 
 # ---- request kinds
 K_NORMAL = 0
@@ -65,7 +67,12 @@ E_BASE = 3          # leading tokens not produced by shadow work
 E_LIST = 4          # 0 HBM normal, 1 HBM shadow, 2 host, -1 free
 E_PREV = 5
 E_NEXT = 6
-E_ROWS = 7
+E_TAIL = 7          # trailing tokens that shadow work appended to a normal-class copy (evict-first)
+E_ROWS = 8
+
+# ---- columns of used[i]: 0 active reservations, 1 HBM normal class, 2 HBM shadow-only copies, 3 host,
+# 4 shadow tails of normal-class copies (a part of column 1 that is evicted with the shadow class)
+U_TAIL = 4
 
 L_NORM = 0
 L_SHADOW = 1
@@ -300,6 +307,7 @@ def _release(ent, free_stack, nfree, e):
     ent[E_LIST, e] = -1
     ent[E_TOK, e] = 0
     ent[E_SESS, e] = -1
+    ent[E_TAIL, e] = 0
     free_stack[nfree[0]] = e
     nfree[0] += 1
 
@@ -311,6 +319,8 @@ def _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e):
     l = ent[E_LIST, e]
     _unlink(ent, lists, e)
     used[i, 1 + l] -= ent[E_TOK, e]
+    if l == L_NORM:
+        used[i, U_TAIL] -= ent[E_TAIL, e]
     sm = ent[E_SESS, e]
     if sm >= 0:
         if l == L_HOST:
@@ -337,6 +347,9 @@ def _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
         l = ent[E_LIST, e]
         _unlink(ent, lists, e)
         used[i, 1 + l] -= ent[E_TOK, e]
+        if l == L_NORM:
+            used[i, U_TAIL] -= ent[E_TAIL, e]
+        ent[E_TAIL, e] = 0
         sm_hbm[sm] = -1
         _push_front(ent, lists, e, L_HOST)
         used[i, 1 + L_HOST] += ent[E_TOK, e]
@@ -355,16 +368,70 @@ def _free_hbm(used, caps, i):
 
 
 @nb.njit(cache=True)
-def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, host, gstats):
-    """Evict (shadow class first, LRU within a class) until ``need`` tokens are free; False if impossible."""
+def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, host, gstats,
+               cold_cutoff):
+    """Evict until ``need`` tokens are free; False if impossible.
+
+    Order: normal entries idle since ``cold_cutoff`` (the memory a shadow chunk may take as if it were free;
+    only while a shadow class exists, so No Shadow's plain LRU is unchanged), then the shadow class (shadow
+    copies, then shadow tails of normal copies), then normal entries, LRU within each.
+    """
     while _free_hbm(used, caps, i) < need:
+        e = lists[i, L_NORM, 1]
+        if e >= 0 and last[e] <= cold_cutoff and (used[i, 2] > 0 or used[i, U_TAIL] > 0):
+            _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+            continue
         e = lists[i, L_SHADOW, 1]
+        if e < 0 and used[i, U_TAIL] > 0:
+            _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats)
+            continue
         if e < 0:
             e = lists[i, L_NORM, 1]
         if e < 0:
             return False
         _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
     return True
+
+
+@nb.njit(cache=True)
+def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats):
+    """Cut the shadow tail of the least recently used normal-class copy that has one, back to its base.
+
+    The copy's own tokens stay where No Shadow would keep them; with the host tier the whole copy (tail
+    included) is spilled first, as any evicted session entry is.
+    """
+    e = lists[i, L_NORM, 1]
+    while e >= 0 and ent[E_TAIL, e] <= 0:
+        e = ent[E_PREV, e]
+    if e < 0:
+        return
+    tail = ent[E_TAIL, e]
+    full = ent[E_TOK, e]
+    sm = ent[E_SESS, e]
+    gstats[G_EVICT_HBM] += 1
+    if host and sm >= 0 and full <= caps[i, 1]:
+        old = sm_host[sm]
+        if old < 0 or ent[E_TOK, old] < full:
+            if old >= 0:
+                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old)
+            h = _alloc(ent, free_stack, nfree)
+            if h >= 0:
+                ent[E_INST, h] = i
+                ent[E_SESS, h] = sm
+                ent[E_TOK, h] = full
+                ent[E_BASE, h] = ent[E_BASE, e]
+                ent[E_TAIL, h] = 0
+                last[h] = last[e]
+                _push_front(ent, lists, h, L_HOST)
+                used[i, 1 + L_HOST] += full
+                sm_host[sm] = h
+                gstats[G_SPILL] += full
+                while used[i, 1 + L_HOST] > caps[i, 1]:
+                    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, lists[i, L_HOST, 1])
+    ent[E_TOK, e] = full - tail
+    used[i, 1] -= tail
+    used[i, U_TAIL] -= tail
+    ent[E_TAIL, e] = 0
 
 
 @nb.njit(cache=True)
@@ -403,7 +470,12 @@ def _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e, h):
     if h <= 0:
         _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
         return
-    used[i, 1 + l] -= ent[E_TOK, e] - h
+    cut = ent[E_TOK, e] - h
+    used[i, 1 + l] -= cut
+    if l == L_NORM and ent[E_TAIL, e] > 0:
+        t = max(0, ent[E_TAIL, e] - cut)
+        used[i, U_TAIL] -= ent[E_TAIL, e] - t
+        ent[E_TAIL, e] = t
     ent[E_TOK, e] = h
     if ent[E_BASE, e] > h:
         ent[E_BASE, e] = h
@@ -437,6 +509,15 @@ def _check_invariants(ent, lists, used, caps, nfree, sm_hbm, sm_host, run, n_run
                 bad += 1
             if tot != used[i, 1 + l]:
                 bad += 1
+        tails = 0
+        e = lists[i, L_NORM, 0]
+        while e >= 0:
+            if ent[E_TAIL, e] < 0 or ent[E_TAIL, e] >= ent[E_TOK, e]:
+                bad += 1
+            tails += ent[E_TAIL, e]
+            e = ent[E_NEXT, e]
+        if tails != used[i, U_TAIL]:
+            bad += 1
         act = 0
         for k in range(n_run[i]):
             act += r_res[run[i, k]]
@@ -753,7 +834,7 @@ def _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, 
 
 
 @nb.njit(cache=True)
-def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_caps, inst_pcie, inst_xfer,
+def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_cutoff, inst_caps, inst_pcie, inst_xfer,
            pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
            r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
            c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
@@ -845,16 +926,20 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_c
             _unlink(ent, lists, e)  # pin: not evictable while we make room
             l = ent[E_LIST, e]
             used[i, 1 + l] -= resident
+            if l == L_NORM:
+                used[i, U_TAIL] -= ent[E_TAIL, e]
             ent[E_TOK, e] = 0
         if eh >= 0:
             _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
             used[i, 1 + L_HOST] -= ent[E_TOK, eh]
         ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
-                        need - resident, host, gstats)
+                        need - resident, host, gstats, cold_cutoff)
         if not ok:
             if e >= 0:
                 ent[E_TOK, e] = resident
                 used[i, 1 + ent[E_LIST, e]] += resident
+                if ent[E_LIST, e] == L_NORM:
+                    used[i, U_TAIL] += ent[E_TAIL, e]
                 _push_front(ent, lists, e, ent[E_LIST, e])
             if eh >= 0:
                 used[i, 1 + L_HOST] += ent[E_TOK, eh]
@@ -947,7 +1032,7 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_c
 
 @nb.njit(cache=True)
 def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin,
-                   n_min, cold_age, shadow_cap_frac, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
+                   n_min, cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
                    s_active, s_cur, s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem,
                    sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti):
     """Algorithm 1: shadow chunks appended last to the iteration, by decreasing switch probability.
@@ -1024,9 +1109,9 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             sm = off + bs * M + m
             own = sm_hbm[sm]
             hi = min(budget, bpend)
-            room_cap = cap_tokens - used[i, 2]
-            if own >= 0 and ent[E_LIST, own] == L_NORM:
-                room_cap -= ent[E_TOK, own]  # the copy joins the shadow class
+            room_cap = cap_tokens - used[i, 2] - used[i, U_TAIL]
+            if whole_copy and own >= 0 and ent[E_LIST, own] == L_NORM:
+                room_cap -= ent[E_TOK, own]  # legacy: the copy joins the shadow class
             if room_cap < hi:
                 hi = room_cap
             avail = _cold_room(ent, last, lists, used, inst_caps, i, hi, cutoff, own)
@@ -1052,6 +1137,12 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
                 ent[E_BASE, own] = 0
                 _push_front(ent, lists, own, L_SHADOW)
                 sm_hbm[sm] = own
+            elif ent[E_LIST, own] == L_NORM and not whole_copy:
+                # only the shadow's own tokens are evict-first: the copy keeps its class and LRU place
+                ent[E_TOK, own] += n
+                ent[E_TAIL, own] += n
+                used[i, 1] += n
+                used[i, U_TAIL] += n
             elif ent[E_LIST, own] == L_NORM:
                 _unlink(ent, lists, own)
                 used[i, 1] -= ent[E_TOK, own]
@@ -1060,9 +1151,10 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             else:
                 _unlink(ent, lists, own)
                 _push_front(ent, lists, own, L_SHADOW)
-            ent[E_TOK, own] += n
-            used[i, 2] += n
-            last[own] = now
+            if ent[E_LIST, own] == L_SHADOW:
+                ent[E_TOK, own] += n
+                used[i, 2] += n
+                last[own] = now
             gstats[G_SHADOW_COMPUTED] += n
             sh_tok += n
             budget -= n
@@ -1297,6 +1389,8 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     p_max = par[Q_P_MAX]
     poll = par[Q_POLL]
     cache_normal = par[Q_CACHE_NORMAL] != 0.0
+    whole_copy = par[Q_WHOLE_COPY] != 0.0
+    cold_first = par[Q_COLD_FIRST] != 0.0
     harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
     ded_mode = shadow_mode == SH_DEDICATED
     eager = shadow_mode == SH_EAGER
@@ -1360,11 +1454,12 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     for i in range(I):
         if inst_dedicated[i]:
             ded_of[inst_model[i]] = i
-    # used[i]: 0 active reservations, 1 HBM normal cache, 2 HBM shadow cache, 3 host cache
-    used = np.zeros((I, 4), np.int64)
+    # used[i]: see U_TAIL (0 reservations, 1 HBM normal class, 2 HBM shadow copies, 3 host, 4 shadow tails)
+    used = np.zeros((I, 5), np.int64)
     lists = np.full((I, 3, 2), -1, np.int64)
     E = Nn + 4 * S * M + RE + 64
     ent = np.full((E_ROWS, E), -1, np.int64)
+    ent[E_TAIL, :] = 0
     last = np.zeros(E, np.float64)
     free_stack = np.arange(E - 1, -1, -1).astype(np.int64)
     nfree = np.array([E], np.int64)
@@ -1466,7 +1561,10 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
         _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, r_first, r_iters, r_tpot, r_gen,
                           r_kind, r_arr, r_ttft, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, chunk_q, itf, iti)
-        _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, inst_caps, inst_pcie, inst_xfer,
+        cold_cutoff = -INF
+        if cold_first:
+            cold_cutoff = now - cold_age
+        _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_cutoff, inst_caps, inst_pcie, inst_xfer,
                pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
                r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
                c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
@@ -1475,7 +1573,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         # ---------------- shadow chunks (Algorithm 1), lowest priority
         sh_tok, stretch_branch, poll_wake, dur = _shadow_chunks(
             i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin, n_min,
-            cold_age, shadow_cap_frac, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
+            cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
             s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, sm_hbm, sm_host, ent,
             last, lists, used, free_stack, nfree, gstats, itf, iti)
         if dur <= 0.0:

@@ -116,6 +116,8 @@ class ClusterConfig:
     prices: tuple | None = None                 # per model (input, output) $ per M tokens; default 1, 1
     cached_price_fraction: float = 0.1
     cache_normal_requests: bool = False         # keep finished normal requests as never-hit cache entries
+    shadow_extends_whole_copy: bool = False     # legacy (before issue 16): an extended copy turns evict-first whole
+    cold_entries_first: bool = True             # admissions evict entries idle > cold_age_s before shadow KV
     power: PowerModel | None = None
 
     def check(self, n_models: int | None = None) -> None:
@@ -271,6 +273,8 @@ def _params(config: ClusterConfig, policy: Policy, warm: float, meas_end: float,
     par[_k.Q_P_MAX] = pw.max_w
     par[_k.Q_POLL] = max(0.05, config.cold_age_s / 4.0) if config.cold_age_s > 0 else 0.05
     par[_k.Q_CACHE_NORMAL] = float(config.cache_normal_requests)
+    par[_k.Q_WHOLE_COPY] = float(config.shadow_extends_whole_copy)
+    par[_k.Q_COLD_FIRST] = float(config.cold_entries_first)
     return par
 
 

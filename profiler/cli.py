@@ -1,59 +1,167 @@
 """``tr-profile``: measure L_i(b), estimate P and C from routing traces, assemble system specs.
 
-Subcommands: ``latency``, ``routing``, ``route-run``, ``system`` (see
-``docs/profiler.md``).  Bad input prints one ``error:`` line on stderr and
-exits with code 2.  ``routing`` never imports torch.
+Subcommands: ``latency``, ``routing``, ``route-run``, ``system``, ``roofline``
+(see ``docs/profiler.md``).  Built on the shared plumbing of :mod:`tr_core.cli`
+and its convention (``docs/cli-convention.md``): bad input is one ``error:``
+line and exit 2, Ctrl-C exit 130, lists are space-separated, ``--out FILE``
+writes what stdout would get to FILE instead (the format from ``--format`` or
+the file's extension).  The JSON output of ``latency`` is the profile, of
+``system`` (and of ``routing`` when latencies are given) the spec, so
+``--out x.json`` writes the file the next tool reads.  ``routing`` and
+``roofline`` never import torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
+import math
 import os
 import sys
 import time
 from typing import Any, Sequence
 
-from tr_core.errors import TRError
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_version, check_out_path, deprecated_alias, emit,
+                         format_table, note, output_format, parse_int_ranges, run_cli, to_csv)
+from tr_core.errors import SpecError
 
-FORMATS = ("table", "json", "csv")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        sys.stderr.write(f"error: {message}\n")
-        raise SystemExit(2)
+MAX_BATCH_SIZES = 256
 
 
-class CLIError(TRError, ValueError):
-    pass
-
-
-def _say(msg: str) -> None:
-    if sys.stderr.isatty():
+def _say(a: argparse.Namespace, msg: str) -> None:
+    """Progress for a person at a terminal (silent when piped or --quiet)."""
+    if sys.stderr.isatty() and not getattr(a, "quiet", False):
         sys.stderr.write(msg + "\n")
 
 
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise CLIError(f"{flag} must be a comma-separated list of integers, got {text!r}") from None
-    if not vals:
-        raise CLIError(f"{flag} needs at least one value")
-    for v in vals:
-        if v < 1:
-            raise CLIError(f"{flag} entries must be >= 1, got {v}")
-    return vals
+def _warn(a: argparse.Namespace, msg: str) -> None:
+    if not getattr(a, "quiet", False):
+        note(msg)
 
 
-def _float_list(text: str, flag: str) -> list[float]:
+def _batch_sizes(values: Sequence[str]) -> list[int]:
+    sizes = parse_int_ranges(values, "--batch-sizes", lo=1, hi=1 << 20)
+    if len(sizes) > MAX_BATCH_SIZES:
+        raise SpecError(f"--batch-sizes: {len(sizes)} batch sizes asked, at most {MAX_BATCH_SIZES} are profiled "
+                        f"in one run")
+    return list(sizes)
+
+
+def _delta(text: str | None) -> float | str:
+    if text is None:
+        return 0.1
+    if text == "auto":
+        return "auto"
     try:
-        return [float(v) for v in text.replace(" ", "").split(",") if v]
+        v = float(text)
     except ValueError:
-        raise CLIError(f"{flag} must be a comma-separated list of numbers, got {text!r}") from None
+        raise SpecError(f"--delta-ms must be a number of ms > 0 or 'auto', got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise SpecError(f"--delta-ms must be a finite number of ms > 0, got {text!r}")
+    return v
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _render(rows: list[dict], fmt: str, doc: Any, lines: Sequence[str] = ()) -> str:
+    """The text of one result: a table (plus summary lines), CSV of the rows, or the JSON document."""
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    headers = list(rows[0]) if rows else []
+    if fmt == "csv":
+        return to_csv(headers, [["" if r[h] is None else r[h] for h in headers] for r in rows]) if rows else ""
+    text = format_table(headers, [[_cell(r[h]) for h in headers] for r in rows]) + "\n" if rows else ""
+    return text + "".join(line + "\n" for line in lines)
+
+
+def _out_is_json(a: argparse.Namespace, fmt: str) -> bool:
+    return bool(a.out) and fmt == "json"
+
+
+# ----------------------------------------------------------------------------
+# shared option groups
+
+def _set_threads(a: argparse.Namespace) -> None:
+    if getattr(a, "threads", None) is not None:
+        if a.threads < 1:
+            raise SpecError(f"--threads must be >= 1, got {a.threads}")
+        import torch
+        torch.set_num_threads(a.threads)
+
+
+def _default_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "bf16" if device.startswith("cuda") else "fp32"
+
+
+def _latency_args(p: argparse.ArgumentParser, batch_default: Sequence[str]) -> None:
+    g = p.add_argument_group("latency measurement")
+    g.add_argument("--batch-sizes", nargs="+", default=list(batch_default), metavar="B",
+                   help=f"batch sizes (requests per step), each >= 1; values or ranges A-B "
+                        f"(default {' '.join(batch_default)})")
+    g.add_argument("--mode", choices=("decode", "extend"), default="decode",
+                   help="decode: 1 new token per request per step; extend: --extend-tokens per request "
+                        "(the handoff path) (default decode)")
+    g.add_argument("--context", type=int, default=128,
+                   help="KV-cache length per request in tokens, held fixed while timing (default 128)")
+    g.add_argument("--extend-tokens", type=int, default=8,
+                   help="tokens appended per request per step in extend mode (default 8)")
+    g.add_argument("--warmup-steps", type=int, default=3, help="untimed warm-up steps per batch size (default 3)")
+    g.add_argument("--steps", type=int, default=20, help="timed steps per batch size (default 20)")
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="capture the step into a CUDA graph over a static KV cache and time its replays (CUDA only)")
+    g.add_argument("--attention", choices=("serving", "transformers"), default="serving",
+                   help="serving: GQA-native attention without a mask, as serving engines run it; transformers: "
+                        "the model's own implementation (default serving; see docs/profiler.md)")
+    g.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
+                   help="memory bandwidth for the roofline in GB/s (default: the GPU's spec-sheet figure, else a "
+                        "measured device-to-device copy)")
+    deprecated_alias(p, "--warmup", "--warmup-steps")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--dtype", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                   help="weight/activation dtype (auto: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    g.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (torch.set_num_threads); default: torch's choice")
+
+
+def _common_args(p: argparse.ArgumentParser, run_dir: bool = True) -> None:
+    g = p.add_argument_group("output")
+    add_output_args(p, group=g)
+    g.add_argument("--quiet", action="store_true", help="no progress and no notes on stderr")
+    if run_dir:
+        g.add_argument("--run-dir", default=os.path.join("runs", "profile"),
+                       help="base folder of run folders (default runs/profile)")
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("spec")
+    g.add_argument("--latency-profile", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="latency profile JSON from 'tr-profile latency', one per model in model order")
+    g.add_argument("--latency-curve", choices=("table", "constant", "affine"), default="table",
+                   help="how L_i(b) enters the spec: table of medians per batch size, constant L_i, or the affine "
+                        "fit a + c*b (default table)")
+    g.add_argument("--latency-batch-size", type=int, default=None,
+                   help="with --latency-curve constant: the batch size whose median is L_i (default: smallest)")
+    g.add_argument("--delta-ms", default=None, metavar="MS",
+                   help="time quantum of the throughput model in ms, or 'auto' for the coarsest grid within "
+                        "--delta-rtol; latencies are rounded to it (default 0.1)")
+    g.add_argument("--delta-rtol", type=float, default=0.01, metavar="R",
+                   help="relative rounding error allowed by --delta-ms auto (default 0.01)")
+    g.add_argument("--allow-mixed", action="store_true",
+                   help="accept profiles that mix eager and CUDA-graph steps, CPU and GPU timing, or extend steps")
+    g.add_argument("--name", default="profiled", help="spec name (default 'profiled')")
 
 
 def _run_dir(base: str, kind: str) -> str:
@@ -66,129 +174,115 @@ def _run_dir(base: str, kind: str) -> str:
     try:
         os.makedirs(path)
     except OSError as e:
-        raise CLIError(f"cannot create run folder {path!r}: {e.strerror}") from None
+        raise SpecError(f"cannot create run folder {path!r}: {e.strerror}") from None
     return path
 
 
-def _check_out(path: str | None, flag: str = "--out") -> None:
-    if path:
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise CLIError(f"{flag}: folder {folder!r} does not exist")
-
-
-def _emit(rows: list[dict], fmt: str, doc: Any = None, extra_lines: Sequence[str] = ()) -> None:
-    if fmt == "json":
-        sys.stdout.write(json.dumps(doc if doc is not None else rows, indent=2) + "\n")
-        return
-    if fmt == "csv":
-        buf = io.StringIO()
-        if rows:
-            w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
-        sys.stdout.write(buf.getvalue())
-        return
-    if rows:
-        cols = list(rows[0])
-        cells = [[_fmt(r[c]) for c in cols] for r in rows]
-        widths = [max(len(c), *(len(row[k]) for row in cells)) for k, c in enumerate(cols)]
-        sys.stdout.write("  ".join(c.rjust(w) for c, w in zip(cols, widths)) + "\n")
-        for row in cells:
-            sys.stdout.write("  ".join(v.rjust(w) for v, w in zip(row, widths)) + "\n")
-    for line in extra_lines:
-        sys.stdout.write(line + "\n")
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+def _check_int(value: int, flag: str, lo: int) -> None:
+    if value < lo:
+        raise SpecError(f"{flag} must be >= {lo}, got {value}")
 
 
 # ----------------------------------------------------------------------------
-# subcommands
+# latency
 
-def _set_threads(a: argparse.Namespace) -> None:
-    if getattr(a, "threads", None) is not None:
-        if a.threads < 1:
-            raise CLIError(f"--threads must be >= 1, got {a.threads}")
-        import torch
-        torch.set_num_threads(a.threads)
-
-
-def _default_dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "bf16" if device.startswith("cuda") else "fp32"
-
-
-def _latency_args(p: argparse.ArgumentParser, batch_default: str) -> None:
-    p.add_argument("--batch-sizes", default=batch_default,
-                   help=f"comma-separated batch sizes (requests per step), each >= 1 (default {batch_default})")
-    p.add_argument("--mode", choices=("decode", "extend"), default="decode",
-                   help="decode: 1 new token per request per step; extend: --extend-tokens per request "
-                        "(the handoff path) (default decode)")
-    p.add_argument("--context", type=int, default=128,
-                   help="KV-cache length per request in tokens, held fixed while timing (default 128)")
-    p.add_argument("--extend-tokens", type=int, default=8,
-                   help="tokens appended per request per step in extend mode (default 8)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per batch size (default 3)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per batch size (default 20)")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="capture the step into a CUDA graph over a static KV cache and time its replays (CUDA only)")
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="weight/activation dtype (auto: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (torch.set_num_threads); default: torch's choice")
+def _latency_rows(prof) -> list[dict]:
+    roof = {r["batch_size"]: r for r in (prof.roofline or {}).get("batches", [])}
+    rows = []
+    for s in prof.batches:
+        row = {"batch_size": s.batch_size, "count": s.count, "min_ms": s.min_ms, "median_ms": s.median_ms,
+               "mean_ms": s.mean_ms, "p90_ms": s.p90_ms, "std_ms": s.std_ms,
+               "peak_allocated_bytes": s.peak_allocated_bytes}
+        if roof:
+            r = roof.get(s.batch_size, {})
+            row.update({"bytes_read": r.get("bytes_read"), "floor_ms": r.get("floor_ms"),
+                        "measured_over_floor": r.get("measured_over_floor")})
+        rows.append(row)
+    return rows
 
 
 def cmd_latency(a: argparse.Namespace) -> int:
     from profiler.latency import load_model, profile_latency, resolve_device
-    from tr_core.spec import write_json_atomic
+    from profiler.system import curve_warnings
+    from tr_core.fileio import atomic_write
 
-    sizes = _int_list(a.batch_sizes, "--batch-sizes")
-    _check_out(a.out)
+    fmt = output_format(a)
+    sizes = _batch_sizes(a.batch_sizes)
+    if a.out:
+        check_out_path(a.out)
     if a.config is not None and not os.path.exists(a.config):
-        raise CLIError(f"--config {a.config!r} does not exist")
+        raise SpecError(f"--config {a.config!r} does not exist")
     device = resolve_device(a.device)
     dtype = _default_dtype(a.dtype, device)
     _set_threads(a)
     model, name = load_model(a.model, a.config, dtype=dtype, device=device, seed=a.seed)
-    args = {k: v for k, v in vars(a).items() if k != "func"}
+    args = {k: v for k, v in vars(a).items() if k != "func" and not k.startswith("_")}
     prof = profile_latency(model, name=name, batch_sizes=sizes, mode=a.mode, context=a.context,
-                           extend_tokens=a.extend_tokens, warmup=a.warmup, steps=a.steps, cuda_graph=a.cuda_graph,
-                           device=device, dtype=dtype, seed=a.seed, measure_overhead=a.measure_overhead,
+                           extend_tokens=a.extend_tokens, warmup=a.warmup_steps, steps=a.steps,
+                           cuda_graph=a.cuda_graph, device=device, dtype=dtype, seed=a.seed,
+                           measure_overhead=a.measure_overhead, attention=a.attention, bandwidth_gbs=a.bandwidth_gbs,
                            arguments=args,
-                           progress=lambda s: _say(f"batch {s.batch_size}: median {s.median_ms:.4g} ms"))
+                           progress=lambda s: _say(a, f"batch {s.batch_size}: median {s.median_ms:.4g} ms"))
     doc = prof.to_dict()
-    out = a.out or os.path.join(_run_dir(a.run_dir, f"latency-{name}"), "profile.json")
-    write_json_atomic(out, doc)
-    _say(f"wrote {out}")
-    rows = [{"batch_size": s.batch_size, "count": s.count, "min_ms": s.min_ms, "median_ms": s.median_ms,
-             "mean_ms": s.mean_ms, "p90_ms": s.p90_ms, "std_ms": s.std_ms,
-             "peak_allocated_bytes": s.peak_allocated_bytes} for s in prof.batches]
-    extra = []
+    lines = []
+    if not _out_is_json(a, fmt):  # the profile document goes to --out itself when that is JSON
+        path = os.path.join(_run_dir(a.run_dir, f"latency-{name}"), "profile.json")
+        atomic_write(path, lambda f: f.write(json.dumps(doc, indent=2) + "\n"), what="profile")
+        lines.append(f"profile: {path}")
+    for w in curve_warnings(prof):
+        _warn(a, w)
     if prof.fit:
-        extra.append(f"fit: L(b) = {prof.fit.intercept_ms:.4g} + {prof.fit.per_request_ms:.4g} * b ms "
-                     f"(R^2 = {prof.fit.r_squared:.3f})")
-    extra.append(f"weights {prof.weight_bytes} bytes, KV {prof.kv_bytes_per_token} bytes/token, "
-                 f"device {prof.device}, {prof.dtype}, {prof.mode}, context {prof.context_tokens}")
+        lines.insert(0, f"fit: L(b) = {prof.fit.intercept_ms:.4g} + {prof.fit.per_request_ms:.4g} * b ms "
+                        f"(R^2 = {prof.fit.r_squared:.3f})")
+    lines.append(f"weights {prof.weight_bytes} bytes, KV {prof.kv_bytes_per_token} bytes/token, device {prof.device}, "
+                 f"{prof.dtype}, {prof.mode}, context {prof.context_tokens}, "
+                 f"{'CUDA graph' if prof.cuda_graph else 'eager'}, attention {prof.attention}")
+    if prof.roofline:
+        lines.append(f"roofline: floor = bytes read / {prof.roofline['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s "
+                     f"({prof.roofline['bandwidth_source']})")
     if prof.timing_overhead:
-        extra.append(f"timing overhead: {100 * prof.timing_overhead['overhead']:+.2f}% "
+        lines.append(f"timing overhead: {100 * prof.timing_overhead['overhead']:+.2f}% "
                      f"({prof.timing_overhead['method']})")
-    extra.append(f"profile: {out}")
-    _emit(rows, a.format, {**doc, "path": out}, extra)
+    emit(_render(_latency_rows(prof), fmt, doc, lines), a.out)
     return 0
 
+
+# ----------------------------------------------------------------------------
+# roofline of stored profiles
+
+def cmd_roofline(a: argparse.Namespace) -> int:
+    from profiler.latency import load_latency_profile
+    from profiler.roofline import profile_roofline
+
+    fmt = output_format(a)
+    if a.out:
+        check_out_path(a.out)
+    if a.bandwidth_gbs is not None and not (a.bandwidth_gbs > 0 and math.isfinite(a.bandwidth_gbs)):
+        raise SpecError(f"--bandwidth-gbs must be a finite number > 0, got {a.bandwidth_gbs}")
+    if a.config and len(a.config) not in (1, len(a.profiles)):
+        raise SpecError(f"--config: give one config, or one per profile ({len(a.profiles)})")
+    rows, docs = [], []
+    for k, path in enumerate(a.profiles):
+        prof = load_latency_profile(path)
+        cfg = a.config[k if len(a.config) > 1 else 0] if a.config else None
+        roof = profile_roofline(prof, bandwidth_gbs=a.bandwidth_gbs, config_path=cfg, profile_path=path)
+        docs.append({"profile": path, "model": prof.model, "mode": prof.mode, "cuda_graph": prof.cuda_graph,
+                     "device": prof.device, "roofline": roof})
+        med = prof.median_ms()
+        for r in roof["batches"]:
+            rows.append({"profile": os.path.basename(path), "mode": prof.mode + (f"{prof.extend_tokens}"
+                                                                             if prof.mode == "extend" else ""),
+                         "graph": "yes" if prof.cuda_graph else "no", "batch_size": r["batch_size"],
+                         "median_ms": med[r["batch_size"]], "gb_read": r["bytes_read"] / 1e9,
+                         "floor_ms": r["floor_ms"], "measured_over_floor": r["measured_over_floor"]})
+    lines = sorted({f"bandwidth: {d['roofline']['bandwidth_bytes_per_s'] / 1e12:g} TB/s "
+                    f"({d['roofline']['bandwidth_source']})" for d in docs})
+    emit(_render(rows, fmt, {"schema_version": 1, "kind": "roofline", "profiles": docs}, lines), a.out)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# routing
 
 def _routing_summary(est) -> tuple[list[dict], list[str]]:
     from profiler.routing import table_rows
@@ -203,54 +297,49 @@ def _routing_summary(est) -> tuple[list[dict], list[str]]:
     return rows, lines
 
 
-def cmd_routing(a: argparse.Namespace) -> int:
-    from profiler.routing import estimate_routing, json_safe, routing_provenance
-    from tr_core.spec import save_spec
-
-    _check_out(a.out)
-    if a.step_latency_ms is not None and a.latency_profile:
-        raise CLIError("give either --step-latency-ms or --latency-profile, not both")
-    if a.out and a.step_latency_ms is None and not a.latency_profile:
-        raise CLIError("--out writes a spec, which needs latencies: pass --step-latency-ms or --latency-profile")
-    est = estimate_routing(a.trace, n_models=a.models, alpha=a.alpha)
-    spec = None
-    if a.out:
-        spec = _spec_from(est, a)
-        save_spec(spec, a.out)
-        _say(f"wrote {a.out}")
-    rows, lines = _routing_summary(est)
-    doc = json_safe({"n_models": est.n_models, "routing_matrix": est.P, "committed_tokens": est.C,
-                     **routing_provenance(est)})
-    if a.out:
-        doc["spec"] = a.out
-        lines.append(f"spec: {a.out}")
-    _emit(rows, a.format, doc, lines)
-    return 0
-
-
 def _spec_from(est, a, profiles=None, extra=None):
     from profiler.latency import load_latency_profile
     from profiler.system import build_system_spec
 
     if profiles is None and getattr(a, "latency_profile", None):
         profiles = [load_latency_profile(p) for p in a.latency_profile]
-    L = _float_list(a.step_latency_ms, "--step-latency-ms") if getattr(a, "step_latency_ms", None) else None
-    return build_system_spec(est, step_latency_ms=L, profiles=profiles, delta_ms=a.delta_ms, curve=a.latency_curve,
-                             at_batch_size=a.latency_batch_size, name=a.name, extra_provenance=extra)
+    L = getattr(a, "L", None)
+    warnings: list[str] = []
+    spec = build_system_spec(est, step_latency_ms=L, profiles=profiles, delta_ms=_delta(a.delta_ms),
+                             curve=a.latency_curve, at_batch_size=a.latency_batch_size, name=a.name,
+                             extra_provenance=extra, allow_mixed=a.allow_mixed, delta_rtol=a.delta_rtol,
+                             warnings=warnings)
+    for w in warnings:
+        _warn(a, w)
+    return spec
 
 
-def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--latency-profile", action="append", default=[], metavar="FILE",
-                   help="latency profile JSON from 'tr-profile latency', once per model in model order")
-    p.add_argument("--latency-curve", choices=("table", "constant", "affine"), default="table",
-                   help="how L_i(b) enters the spec: table of medians per batch size, constant L_i, or the affine "
-                        "fit a + c*b (default table)")
-    p.add_argument("--latency-batch-size", type=int, default=None,
-                   help="with --latency-curve constant: the batch size whose median is L_i (default: smallest)")
-    p.add_argument("--delta-ms", type=float, default=0.1,
-                   help="time quantum of the throughput model in ms; latencies are rounded to it (default 0.1)")
-    p.add_argument("--name", default="profiled", help="spec name (default 'profiled')")
+def cmd_routing(a: argparse.Namespace) -> int:
+    from profiler.routing import estimate_routing, json_safe, routing_provenance
+    from tr_core.spec import spec_to_dict
 
+    fmt = output_format(a)
+    if a.out:
+        check_out_path(a.out)
+    if a.L is not None and a.latency_profile:
+        raise SpecError("give either --L or --latency-profile, not both")
+    if a.models is not None and not 1 <= a.models <= 64:
+        raise SpecError(f"--models must be in 1..64, got {a.models}")
+    est = estimate_routing(a.trace, n_models=a.models, alpha=a.alpha)
+    rows, lines = _routing_summary(est)
+    if a.L is not None or a.latency_profile:
+        spec = _spec_from(est, a)
+        doc = spec_to_dict(spec)
+        lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms))
+    else:
+        doc = json_safe({"n_models": est.n_models, "routing_matrix": est.P, "committed_tokens": est.C,
+                         **routing_provenance(est)})
+    emit(_render(rows, fmt, doc, lines), a.out)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# route-run and system
 
 def _load_models(paths: Sequence[str], dtype: str, device: str, seed: int):
     from profiler.latency import load_model
@@ -261,25 +350,26 @@ def _load_models(paths: Sequence[str], dtype: str, device: str, seed: int):
         elif os.path.isfile(path):
             m, n = load_model(config_path=path, dtype=dtype, device=device, seed=seed + k)
         else:
-            raise CLIError(f"--model {path!r} does not exist (a model folder or a config.json file)")
+            raise SpecError(f"--model {path!r} does not exist (a model folder or a config.json file)")
         models.append(m)
         names.append(n)
     return models, names
 
 
 def _route_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", help="JSONL prompts: {\"input_ids\": [...]}, {\"text\": ...}, a bare id list or "
+    g = p.add_argument_group("routing policy")
+    g.add_argument("--prompts", help="JSONL prompts: {\"input_ids\": [...]}, {\"text\": ...}, a bare id list or "
                                      "a bare string per line")
-    p.add_argument("--tokenizer", help="local tokenizer folder for text prompts (default: the first --model folder)")
-    p.add_argument("--policy", choices=("entropy", "confidence", "ensemble"),
+    g.add_argument("--tokenizer", help="local tokenizer folder for text prompts (default: the first --model folder)")
+    g.add_argument("--policy", choices=("entropy", "confidence", "ensemble"),
                    help="entropy (R-Stitch), confidence (CITER style) or ensemble (ME)")
-    p.add_argument("--tau", type=float, help="threshold in [0, 1]: normalised entropy (entropy) or max "
+    g.add_argument("--tau", type=float, help="threshold in [0, 1]: normalised entropy (entropy) or max "
                                              "probability (confidence)")
-    p.add_argument("--weights", help="ensemble weights, one per model, summing to 1 (default uniform)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="committed tokens per request (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampled")
-    p.add_argument("--eos-token-id", type=int, default=None, help="stop a request when this token is committed")
-    p.add_argument("--common-vocab", action="store_true",
+    add_list_arg(g, "--weights", metavar="W", help="ensemble weights, one per model, summing to 1 (default uniform)")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="committed tokens per request (default 32)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 = sampled")
+    g.add_argument("--eos-token-id", type=int, default=None, help="stop a request when this token is committed")
+    g.add_argument("--common-vocab", action="store_true",
                    help="allow vocab_size to differ and compare only the shared leading logits")
 
 
@@ -288,15 +378,14 @@ def _do_route_run(a: argparse.Namespace, models, names, trace_out: str):
     from profiler.trace import RoutingTraceRecorder
 
     if not a.prompts:
-        raise CLIError("--prompts is required to run a routing policy")
+        raise SpecError("--prompts is required to run a routing policy")
     if not a.policy:
-        raise CLIError("--policy is required to run a routing policy")
+        raise SpecError("--policy is required to run a routing policy")
     vocab = shared_vocab_size(models, a.common_vocab)
     tok = a.tokenizer or next((p for p in a.model if os.path.isdir(p)), None)
     prompts = load_prompts(a.prompts, tok, vocab)
-    weights = _float_list(a.weights, "--weights") if a.weights else None
     with RoutingTraceRecorder(trace_out) as rec:
-        res = run_routing_policy(models, prompts, policy=a.policy, tau=a.tau, weights=weights,
+        res = run_routing_policy(models, prompts, policy=a.policy, tau=a.tau, weights=a.weights,
                                  max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
                                  eos_token_id=a.eos_token_id, recorder=rec, device=str(models[0].device),
                                  common_vocab=a.common_vocab)
@@ -307,13 +396,17 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     from profiler.latency import resolve_device
     from profiler.routing import estimate_routing, json_safe
 
+    fmt = output_format(a)
     if not a.model or len(a.model) < 2:
-        raise CLIError("route-run needs at least two --model (a model folder or a config.json each)")
+        raise SpecError("route-run needs at least two --model (a model folder or a config.json each)")
     if not a.prompts:
-        raise CLIError("--prompts is required")
+        raise SpecError("--prompts is required")
     if not os.path.exists(a.prompts):
-        raise CLIError(f"--prompts {a.prompts!r} does not exist")
-    _check_out(a.trace_out, "--trace-out")
+        raise SpecError(f"--prompts {a.prompts!r} does not exist")
+    if a.trace_out:
+        check_out_path(a.trace_out, "--trace-out")
+    if a.out:
+        check_out_path(a.out)
     device = resolve_device(a.device)
     dtype = _default_dtype(a.dtype, device)
     _set_threads(a)
@@ -325,38 +418,45 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     lines.insert(0, f"route-run: {res.requests} requests, {res.steps} steps, {res.committed_tokens} tokens "
                     f"committed, steps per model {list(res.steps_per_model)}")
     lines.append(f"trace: {trace_out}")
-    doc = {"trace": trace_out, "requests": res.requests, "steps": res.steps,
-           "committed_tokens": res.committed_tokens, "steps_per_model": list(res.steps_per_model),
-           "models": names, "routing_matrix": est.P}
-    doc = json_safe(doc)
-    _emit(rows, a.format, doc, lines)
+    doc = json_safe({"trace": trace_out, "requests": res.requests, "steps": res.steps,
+                     "committed_tokens": res.committed_tokens, "steps_per_model": list(res.steps_per_model),
+                     "models": names, "routing_matrix": est.P})
+    emit(_render(rows, fmt, doc, lines), a.out)
     return 0
 
 
 def cmd_system(a: argparse.Namespace) -> int:
     from profiler.latency import load_latency_profile, load_model, profile_latency, resolve_device
     from profiler.routing import estimate_routing
-    from tr_core.spec import save_spec, write_json_atomic
+    from tr_core.fileio import atomic_write
+    from tr_core.spec import save_spec, spec_to_dict
 
+    fmt = output_format(a)
     paths = a.model or []
-    _check_out(a.out)
+    if a.out:
+        check_out_path(a.out)
     if a.trace and a.prompts:
-        raise CLIError("give either --trace or --prompts (to run a policy), not both")
+        raise SpecError("give either --trace or --prompts (to run a policy), not both")
     if not a.trace and not a.prompts:
-        raise CLIError("system needs a routing trace: --trace FILE, or --prompts with --policy to record one")
+        raise SpecError("system needs a routing trace: --trace FILE, or --prompts with --policy to record one")
     if a.latency_profile and len(paths) and len(a.latency_profile) != len(paths):
-        raise CLIError(f"{len(a.latency_profile)} --latency-profile for {len(paths)} --model; give one per model")
+        raise SpecError(f"{len(a.latency_profile)} --latency-profile for {len(paths)} --model; give one per model")
     if not a.latency_profile and len(paths) < 2:
-        raise CLIError("system needs at least two --model (folders or config.json files) or --latency-profile "
-                       "files, one per model")
+        raise SpecError("system needs at least two --model (folders or config.json files) or --latency-profile "
+                        "files, one per model")
     if a.prompts and len(paths) < 2:
-        raise CLIError("recording a trace with --prompts needs the --model of every model")
-    sizes = _int_list(a.batch_sizes, "--batch-sizes")
+        raise SpecError("recording a trace with --prompts needs the --model of every model")
+    if a.mode != "decode" and not a.allow_mixed:
+        raise SpecError("--mode extend times extend steps, but a spec's L_i is a decode step; use --mode decode, "
+                        "or pass --allow-mixed")
+    sizes = _batch_sizes(a.batch_sizes)
+    _delta(a.delta_ms)
     if a.trace and not os.path.exists(a.trace):
-        raise CLIError(f"--trace {a.trace!r} does not exist")
+        raise SpecError(f"--trace {a.trace!r} does not exist")
     for p in paths:
         if not os.path.exists(p):
-            raise CLIError(f"--model {p!r} does not exist (a model folder or a config.json file)")
+            raise SpecError(f"--model {p!r} does not exist (a model folder or a config.json file)")
+    profiles = [load_latency_profile(p) for p in a.latency_profile]  # read (and refused) before any work
     run_dir = _run_dir(a.run_dir, "system")
     device = resolve_device(a.device) if paths else "cpu"
     dtype = _default_dtype(a.dtype, device)
@@ -371,118 +471,124 @@ def cmd_system(a: argparse.Namespace) -> int:
         extra["route_run"] = {"policy": a.policy, "tau": a.tau, "weights": a.weights, "requests": res.requests,
                               "steps": res.steps, "max_new_tokens": a.max_new_tokens, "models": names}
         del models
-        _say(f"recorded {res.steps} steps into {trace}")
+        _say(a, f"recorded {res.steps} steps into {trace}")
     est = estimate_routing(trace, n_models=max(2, len(paths) or len(a.latency_profile)))
-    if a.latency_profile:
-        profiles = [load_latency_profile(p) for p in a.latency_profile]
-    else:
-        profiles = []
+    if not profiles:
         for k, path in enumerate(paths):
             is_dir = os.path.isdir(path)
             model, name = load_model(path if is_dir else None, None if is_dir else path, dtype=dtype, device=device,
                                      seed=a.seed + k)
             prof = profile_latency(model, name=name, batch_sizes=sizes, mode=a.mode, context=a.context,
-                                   extend_tokens=a.extend_tokens, warmup=a.warmup, steps=a.steps,
+                                   extend_tokens=a.extend_tokens, warmup=a.warmup_steps, steps=a.steps,
                                    cuda_graph=a.cuda_graph, device=device, dtype=dtype, seed=a.seed,
+                                   attention=a.attention, bandwidth_gbs=a.bandwidth_gbs,
                                    arguments={"model": path})
-            write_json_atomic(os.path.join(run_dir, f"latency-{k}.json"), prof.to_dict())
+            doc = prof.to_dict()
+            atomic_write(os.path.join(run_dir, f"latency-{k}.json"),
+                         lambda f, d=doc: f.write(json.dumps(d, indent=2) + "\n"), what="profile")
             profiles.append(prof)
             del model
-            _say(f"profiled model {k} ({name})")
+            _say(a, f"profiled model {k} ({name})")
     spec = _spec_from(est, a, profiles=profiles, extra=extra)
-    out = a.out or os.path.join(run_dir, "spec.json")
-    save_spec(spec, out)
     rows, lines = _routing_summary(est)
     lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms)
                  + ("  (batch-dependent curves in the spec)" if spec.batch_dependent else ""))
-    lines.append(f"spec: {out}")
-    from tr_core.spec import spec_to_dict
-    _emit(rows, a.format, {"spec_path": out, "spec": spec_to_dict(spec)}, lines)
+    if not _out_is_json(a, fmt):
+        path = os.path.join(run_dir, "spec.json")
+        save_spec(spec, path)
+        lines.append(f"spec: {path}")
+    emit(_render(rows, fmt, spec_to_dict(spec), lines), a.out)
     return 0
 
 
 # ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tr-profile",
-                description="Measure step latencies L_i(b) (ms) of models, estimate the routing matrix P and the "
-                            "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
-    from profiler import __version__
-    p.add_argument("--version", action="version", version=f"tr-profile {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{latency,routing,route-run,system}")
+    p = Parser(prog="tr-profile",
+               description="Measure step latencies L_i(b) (ms) of models, estimate the routing matrix P and the "
+                           "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
+    add_version(p)
+    sub = p.add_subparsers(dest="command", parser_class=Parser,
+                           metavar="{latency,routing,route-run,system,roofline}")
 
     q = sub.add_parser("latency", help="per-step latency of one model over batch sizes (decode or extend)",
-                       description="Time one model's decoding step for each batch size; writes a profile JSON.")
+                       description="Time one model's decoding step for each batch size; the JSON output is the "
+                                   "profile (kept in a run folder unless --out receives it).")
     g = q.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", help="local Hugging Face model folder (real weights; never downloads)")
     g.add_argument("--config", help="config.json (random weights: timing depends on the architecture only)")
-    _latency_args(q, "1,2,4,8,16,32")
+    _latency_args(q, ["1", "2", "4", "8", "16", "32"])
     _model_args(q)
     q.add_argument("--measure-overhead", action="store_true",
                    help="also measure the relative cost of per-step timing (events/perf_counter vs none)")
-    q.add_argument("--out", help="profile JSON path (default: a timestamped folder under --run-dir)")
-    q.add_argument("--run-dir", default=os.path.join("runs", "profile"), help="base folder of run folders")
-    q.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
+    _common_args(q)
     q.set_defaults(func=cmd_latency)
 
     q = sub.add_parser("routing", help="estimate P (95%% intervals), C and run-length fit from a JSONL trace",
-                       description="Stream a routing trace; estimate P, C, test geometric runs; optionally write a "
-                                   "spec (needs latencies).  Does not import torch.")
+                       description="Stream a routing trace; estimate P, C, test geometric runs.  With latencies "
+                                   "(--L or --latency-profile) the JSON output is a spec for 'tr-optimize --spec'.  "
+                                   "Does not import torch.")
     q.add_argument("--trace", required=True, help="routing trace (JSONL, optionally .gz)")
     q.add_argument("--models", type=int, default=None, help="number of models M (default: from the trace)")
     q.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
-    q.add_argument("--step-latency-ms", default=None, help="L_i in ms, comma-separated, one per model")
+    add_list_arg(q, "--L", metavar="MS", help="step latency L_i of each model in ms, e.g. --L 6 27.9")
+    deprecated_alias(q, "--step-latency-ms", "--L")
     _spec_args(q)
-    q.add_argument("--out", help="write a spec JSON for 'tr-optimize --spec' here")
-    q.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
+    _common_args(q, run_dir=False)
     q.set_defaults(func=cmd_routing)
 
     q = sub.add_parser("route-run", help="run a token-level routing policy over real models and record the trace",
                        description="Generate prompts under a routing policy with transformers; record the trace.")
-    q.add_argument("--model", "--config", action="append", default=[], dest="model",
-                   help="a model folder or a config.json, once per model in model order (model 0 = entry)")
+    q.add_argument("--model", "--config", nargs="+", action="extend", default=[], dest="model",
+                   help="model folders or config.json files in model order (model 0 = entry)")
     _route_run_args(q)
     _model_args(q)
     q.add_argument("--trace-out", help="trace path (default: a timestamped folder under --run-dir)")
-    q.add_argument("--run-dir", default=os.path.join("runs", "profile"), help="base folder of run folders")
-    q.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
+    _common_args(q)
     q.set_defaults(func=cmd_route_run)
 
     q = sub.add_parser("system", help="models + trace (or a route-run) -> complete spec JSON",
-                       description="Profile every model's L_i(b), estimate P and C from a trace (or record one), "
-                                   "and write a spec for 'tr-optimize --spec'.")
-    q.add_argument("--model", "--config", action="append", default=[], dest="model",
-                   help="a model folder or a config.json, once per model in model order")
+                       description="Profile every model's L_i(b) (or read profiles), estimate P and C from a trace "
+                                   "(or record one), and build a spec for 'tr-optimize --spec'; the JSON output is "
+                                   "the spec (kept in the run folder unless --out receives it).")
+    q.add_argument("--model", "--config", nargs="+", action="extend", default=[], dest="model",
+                   help="model folders or config.json files in model order")
     q.add_argument("--trace", help="routing trace JSONL (else record one with --prompts/--policy)")
     _route_run_args(q)
-    _latency_args(q, "1,2,4,8")
+    _latency_args(q, ["1", "2", "4", "8"])
     _model_args(q)
     _spec_args(q)
-    q.add_argument("--out", help="spec JSON path (default: spec.json in the run folder)")
-    q.add_argument("--run-dir", default=os.path.join("runs", "profile"), help="base folder of run folders")
-    q.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
-    q.set_defaults(func=cmd_system, step_latency_ms=None)
+    _common_args(q)
+    q.set_defaults(func=cmd_system, L=None)
+
+    q = sub.add_parser("roofline", help="memory-bandwidth floor beside stored latency profiles",
+                       description="For each profile and batch size: bytes read per step (weights + KV at the "
+                                   "profiled context), the floor time at the device's memory bandwidth, and "
+                                   "measured / floor.  Does not import torch.")
+    q.add_argument("profiles", nargs="+", metavar="PROFILE", help="latency profile JSON files")
+    q.add_argument("--config", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="model config.json (one, or one per profile) to tell a tied from an untied embedding "
+                        "(default: the config recorded in the profile's arguments, when it exists)")
+    q.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
+                   help="memory bandwidth in GB/s (default: the spec-sheet figure of the profile's device)")
+    _common_args(q, run_dir=False)
+    q.set_defaults(func=cmd_roofline)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main_impl(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if not getattr(a, "func", None):
-        parser.print_help(sys.stderr)
-        sys.stderr.write("error: choose a subcommand\n")
-        return 2
-    try:
-        return a.func(a)
-    except TRError as e:
-        sys.stderr.write(f"error: {e}\n")
-        return getattr(e, "exit_code", 2)
-    except (ValueError, OSError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
+        parser.error("choose a subcommand: latency, routing, route-run, system or roofline")
+    for flag in ("context", "extend_tokens", "steps", "warmup_steps", "max_new_tokens"):
+        if hasattr(a, flag):
+            _check_int(getattr(a, flag), "--" + flag.replace("_", "-"), 1 if flag == "steps" else 0)
+    return a.func(a)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(main_impl, argv)
 
 
 if __name__ == "__main__":

@@ -160,27 +160,156 @@ class LatencyProfile:
         return {"schema_version": LATENCY_SCHEMA_VERSION, "kind": "latency_profile", **d}
 
 
-def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
-    """Read a profile JSON written by ``tr-profile latency``."""
-    path = os.fspath(path)
-    d = read_json(path, "latency profile", error=ProfileError)
+_MAX_INT = 2 ** 63 - 1
+_MAX_DEPTH = 16
+
+
+class _Field:
+    """Type and range checks of one decoded JSON document; every message names the file and the field."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, key: str, want: str, v: Any):
+        shown = json.dumps(v)[:60] if _depth(v) < _MAX_DEPTH else "(deeply nested value)"
+        raise ProfileError(f"{self.path}: field {key!r} must be {want}, got {shown}")
+
+    def int_(self, v: Any, key: str, lo: int = 0, none: bool = False):
+        if v is None and none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= _MAX_INT:
+            self.fail(key, f"an integer in {lo}..2^63-1" + (" or null" if none else ""), v)
+        return v
+
+    def num(self, v: Any, key: str, lo: float | None = 0.0, positive: bool = False, none: bool = False):
+        if v is None and none:
+            return None
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and abs(v) <= 1e300 and math.isfinite(v)
+        if ok and lo is not None:
+            ok = v > lo if positive else v >= lo
+        if not ok:
+            rng = "" if lo is None else (f" > {lo:g}" if positive else f" >= {lo:g}")
+            self.fail(key, f"a finite number{rng}" + (" or null" if none else ""), v)
+        return float(v)
+
+    def str_(self, v: Any, key: str, choices: Sequence[str] | None = None):
+        if not isinstance(v, str) or (choices is not None and v not in choices):
+            self.fail(key, "one of " + ", ".join(choices) if choices else "a string", v)
+        return v
+
+    def bool_(self, v: Any, key: str):
+        if not isinstance(v, bool):
+            self.fail(key, "true or false", v)
+        return v
+
+    def obj(self, v: Any, key: str, none: bool = False):
+        if v is None and none:
+            return None
+        if not isinstance(v, dict):
+            self.fail(key, "an object" + (" or null" if none else ""), v)
+        if _depth(v) > _MAX_DEPTH:
+            raise ProfileError(f"{self.path}: field {key!r} is nested more than {_MAX_DEPTH} levels deep")
+        return v
+
+
+def _depth(v: Any, limit: int = _MAX_DEPTH + 1) -> int:
+    """Nesting depth of a decoded JSON value, counted up to ``limit`` (iterative: no recursion limit)."""
+    best, stack = 0, [(v, 0)]
+    while stack:
+        x, d = stack.pop()
+        best = max(best, d)
+        if best >= limit:
+            return best
+        if isinstance(x, dict):
+            stack.extend((y, d + 1) for y in x.values())
+        elif isinstance(x, list):
+            stack.extend((y, d + 1) for y in x)
+    return best
+
+
+_PROFILE_FIELDS = {f.name for f in __import__("dataclasses").fields(LatencyProfile)}
+
+
+def latency_profile_from_dict(d: Any, path: str = "latency profile") -> LatencyProfile:
+    """Validate a decoded profile document field by field (types, ranges, finiteness, depth)."""
+    F = _Field(path)
     if not isinstance(d, dict) or d.get("kind") != "latency_profile":
         raise ProfileError(f"{path}: not a latency profile (expected \"kind\": \"latency_profile\")")
-    if d.get("schema_version") != LATENCY_SCHEMA_VERSION:
-        raise ProfileError(f"{path}: unsupported schema_version {d.get('schema_version')!r}")
+    if d.get("schema_version") != LATENCY_SCHEMA_VERSION or isinstance(d.get("schema_version"), bool):
+        raise ProfileError(f"{path}: unsupported schema_version {json.dumps(d.get('schema_version'))[:40]} "
+                           f"(this version reads {LATENCY_SCHEMA_VERSION})")
+    unknown = sorted(set(d) - _PROFILE_FIELDS - {"schema_version", "kind"})
+    if unknown:
+        raise ProfileError(f"{path}: unknown field {unknown[0][:60]!r}")
+    required = ("model", "config_sha256", "device", "dtype", "mode", "context_tokens", "extend_tokens",
+                "cuda_graph", "warmup_steps", "timed_steps", "batches", "fit", "weight_bytes", "kv_bytes_per_token")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ProfileError(f"{path}: missing field {missing[0]!r}")
+    raw = d["batches"]
+    if not isinstance(raw, list) or not raw:
+        F.fail("batches", "a non-empty list of batch-size objects", raw)
+    batches = []
+    seen = set()
+    for k, b in enumerate(raw):
+        key = f"batches[{k}]"
+        F.obj(b, key)
+        extra = sorted(set(b) - {"batch_size", "count", "min_ms", "median_ms", "mean_ms", "p90_ms", "std_ms",
+                                 "peak_allocated_bytes"})
+        if extra:
+            raise ProfileError(f"{path}: unknown field {key + '.' + extra[0][:60]!r}")
+        for name in ("batch_size", "count", "min_ms", "median_ms", "mean_ms", "p90_ms", "std_ms"):
+            if name not in b:
+                raise ProfileError(f"{path}: missing field {key + '.' + name!r}")
+        bs = F.int_(b["batch_size"], f"{key}.batch_size", 1)
+        if bs in seen:
+            raise ProfileError(f"{path}: field {key + '.batch_size'!r}: batch size {bs} appears twice")
+        seen.add(bs)
+        batches.append(BatchStats(
+            bs, F.int_(b["count"], f"{key}.count", 1), F.num(b["min_ms"], f"{key}.min_ms"),
+            F.num(b["median_ms"], f"{key}.median_ms", positive=True), F.num(b["mean_ms"], f"{key}.mean_ms"),
+            F.num(b["p90_ms"], f"{key}.p90_ms"), F.num(b["std_ms"], f"{key}.std_ms"),
+            F.int_(b.get("peak_allocated_bytes"), f"{key}.peak_allocated_bytes", 0, none=True)))
+    fit = F.obj(d["fit"], "fit", none=True)
+    if fit is not None:
+        for name in ("intercept_ms", "per_request_ms", "r_squared"):
+            if name not in fit:
+                raise ProfileError(f"{path}: missing field {'fit.' + name!r}")
+        fit = AffineFit(F.num(fit["intercept_ms"], "fit.intercept_ms", None),
+                        F.num(fit["per_request_ms"], "fit.per_request_ms", None),
+                        F.num(fit["r_squared"], "fit.r_squared", None))
+    text = {k: F.str_(d.get(k, ""), k) for k in ("model", "config_sha256", "device", "timing", "tool_version",
+                                                 "torch_version", "transformers_version", "created_utc",
+                                                 "attention")}
+    return LatencyProfile(
+        model=text["model"], config_sha256=text["config_sha256"], device=text["device"],
+        dtype=F.str_(d["dtype"], "dtype", tuple(DTYPES)), mode=F.str_(d["mode"], "mode", MODES),
+        context_tokens=F.int_(d["context_tokens"], "context_tokens", 0),
+        extend_tokens=F.int_(d["extend_tokens"], "extend_tokens", 1), cuda_graph=F.bool_(d["cuda_graph"], "cuda_graph"),
+        warmup_steps=F.int_(d["warmup_steps"], "warmup_steps", 0), timed_steps=F.int_(d["timed_steps"], "timed_steps", 1),
+        batches=tuple(batches), fit=fit, weight_bytes=F.int_(d["weight_bytes"], "weight_bytes", 0),
+        kv_bytes_per_token=F.int_(d["kv_bytes_per_token"], "kv_bytes_per_token", 0, none=True),
+        measured_kv_bytes_per_token=F.num(d.get("measured_kv_bytes_per_token"), "measured_kv_bytes_per_token",
+                                          none=True),
+        timing=text["timing"] or "perf_counter", timing_overhead=F.obj(d.get("timing_overhead"), "timing_overhead",
+                                                                      none=True),
+        tool_version=text["tool_version"], torch_version=text["torch_version"],
+        transformers_version=text["transformers_version"], arguments=F.obj(d.get("arguments", {}), "arguments"),
+        created_utc=text["created_utc"], attention=text["attention"],
+        input_embedding_bytes=F.int_(d.get("input_embedding_bytes"), "input_embedding_bytes", 0, none=True),
+        roofline=F.obj(d.get("roofline"), "roofline", none=True))
+
+
+def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
+    """Read and validate a profile JSON written by ``tr-profile latency``; errors name the file and the field."""
+    path = os.fspath(path)
     try:
-        batches = tuple(BatchStats(**b) for b in d["batches"])
-        fit = AffineFit(**d["fit"]) if d.get("fit") else None
-        kw = {k: v for k, v in d.items() if k not in ("schema_version", "kind", "batches", "fit")}
-        prof = LatencyProfile(batches=batches, fit=fit, **kw)
-    except (KeyError, TypeError) as e:
-        raise ProfileError(f"{path}: malformed latency profile ({e})") from None
-    if not prof.batches:
-        raise ProfileError(f"{path}: latency profile has no batch sizes")
-    for s in prof.batches:
-        if not (s.median_ms > 0 and math.isfinite(s.median_ms)):
-            raise ProfileError(f"{path}: median_ms of batch size {s.batch_size} must be > 0")
-    return prof
+        d = read_json(path, "latency profile", error=ProfileError)
+    except RecursionError:
+        raise ProfileError(f"latency profile {path!r} is nested too deeply to be a profile") from None
+    except ValueError as e:  # numbers too long to convert, and other decoder limits
+        raise ProfileError(f"latency profile {path!r} is not a valid profile: {_first_line(e)}") from None
+    return latency_profile_from_dict(d, path)
 
 
 # ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 __all__ = ["KNOWN_GPUS", "known_bandwidth", "step_bytes", "roofline", "input_embedding_bytes_from_config",
-           "measure_copy_bandwidth"]
+           "measure_copy_bandwidth", "profile_roofline"]
 
 # (pattern on the device name, label, peak memory bandwidth in bytes/s); first match wins, so the more
 # specific names come first.  Vendor spec sheets.
@@ -116,3 +116,52 @@ def measure_copy_bandwidth(torch: Any, device: str, nbytes: int = 1 << 30, repea
     del src, dst
     times.sort()
     return 2.0 * n / times[len(times) // 2]
+
+
+def profile_roofline(prof: Any, *, bandwidth_gbs: float | None = None, config_path: str | None = None,
+                     profile_path: str | None = None) -> dict:
+    """The roofline of a stored :class:`profiler.latency.LatencyProfile` (computed again when asked to).
+
+    The bandwidth is ``bandwidth_gbs``, else the profile's own roofline figure,
+    else the spec-sheet figure of its device.  The untied input embedding comes
+    from the profile (``input_embedding_bytes``), else from ``config_path`` or
+    the config recorded in the profile's arguments; without either it is
+    counted as read (a floor lower by at most the embedding table's share).
+    """
+    import json
+    import os
+
+    from profiler.latency import DTYPE_BYTES, ProfileError
+
+    where = profile_path or prof.model
+    stored = prof.roofline or {}
+    if bandwidth_gbs is not None:
+        bw, source = float(bandwidth_gbs) * 1e9, "given (--bandwidth-gbs)"
+    elif stored.get("bandwidth_bytes_per_s"):
+        bw, source = float(stored["bandwidth_bytes_per_s"]), str(stored.get("bandwidth_source", "stored"))
+    elif known_bandwidth(prof.device):
+        bw, label = known_bandwidth(prof.device)
+        source = f"spec sheet: {label} ({bw / 1e12:g} TB/s)"
+    else:
+        raise ProfileError(f"{where}: no known memory bandwidth for device {prof.device!r}; pass --bandwidth-gbs")
+    emb = prof.input_embedding_bytes
+    if emb is None:
+        cfg = config_path or (prof.arguments.get("config") if isinstance(prof.arguments, dict) else None)
+        emb = 0
+        if isinstance(cfg, str) and cfg:
+            if os.path.isdir(cfg):
+                cfg = os.path.join(cfg, "config.json")
+            try:
+                with open(cfg, "r", encoding="utf-8") as f:
+                    d = json.load(f)
+            except (OSError, ValueError, RecursionError):
+                if config_path:
+                    raise ProfileError(f"--config {config_path!r} is missing or not valid JSON") from None
+                d = None
+            if isinstance(d, dict):
+                emb = input_embedding_bytes_from_config(d, DTYPE_BYTES.get(prof.dtype, 2))
+    return roofline(batch_sizes=[s.batch_size for s in prof.batches], median_ms=[s.median_ms for s in prof.batches],
+                    weight_bytes=prof.weight_bytes, input_embedding_bytes=emb,
+                    kv_bytes_per_token=prof.kv_bytes_per_token, context_tokens=prof.context_tokens,
+                    new_tokens=prof.extend_tokens, bandwidth_bytes_per_s=bw, bandwidth_source=source,
+                    copy_bandwidth_bytes_per_s=stored.get("copy_bandwidth_bytes_per_s"))

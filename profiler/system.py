@@ -15,6 +15,15 @@ rounding error are kept in ``provenance.latency``.  Three forms:
 
 The routing matrices come from :mod:`profiler.routing`; their intervals,
 goodness-of-fit tests and request spread go to ``provenance.routing``.
+
+Consistency (:func:`check_profiles`).  The spec's ``L_i(b)`` is the time of one
+decode step, and the models of one system must be timed the same way, so
+profiles that mix CUDA-graph and eager steps, GPU events and CPU wall clock,
+or that time extend steps, are refused unless ``allow_mixed``.  A curve is
+flagged (a warning, not an error) when its median drops by more than 3% from
+one profiled batch size to the next (a batch never costs less than a smaller
+one; a drop is noise or a throttled machine), or when a batch size's samples
+are noisy: ``std / median > 0.1`` or ``(p90 - min) / median > 0.25``.
 """
 
 from __future__ import annotations
@@ -27,13 +36,65 @@ from profiler.routing import RoutingEstimate, routing_provenance, spec_matrices
 from tr_core.spec import LatencyCurve, SystemSpec, make_spec
 
 CURVES = ("table", "constant", "affine")
+DROP_TOLERANCE = 0.03
+NOISE_STD = 0.10
+NOISE_SPREAD = 0.25
 
-__all__ = ["CURVES", "round_to_grid", "latency_fields", "build_system_spec"]
+__all__ = ["CURVES", "round_to_grid", "latency_fields", "build_system_spec", "check_profiles", "curve_warnings"]
+
+
+def _how(prof: LatencyProfile) -> str:
+    return ("CUDA graph" if prof.cuda_graph else "eager") + (" on GPU" if prof.timing == "cuda_events" else
+                                                              " on CPU")
+
+
+def check_profiles(profiles: Sequence[LatencyProfile], *, allow_mixed: bool = False) -> list[str]:
+    """Refuse profiles that cannot form one decode-latency spec; return the warnings (see the module docstring)."""
+    warnings: list[str] = []
+    problems: list[str] = []
+    for i, prof in enumerate(profiles):
+        if prof.mode != "decode":
+            problems.append(f"the latency profile of model {i} ({prof.model}) times {prof.mode} steps of "
+                            f"{prof.extend_tokens} tokens, but a spec's L_i is a decode step")
+    kinds = {_how(p) for p in profiles}
+    if len(kinds) > 1:
+        problems.append("the latency profiles mix " + " and ".join(sorted(kinds)) + " ("
+                        + ", ".join(f"model {i}: {_how(p)}" for i, p in enumerate(profiles)) + ")")
+    if problems:
+        if not allow_mixed:
+            raise ProfileError(problems[0] + "; profile every model the same way, or pass --allow-mixed")
+        warnings.extend(f"{p} (accepted: --allow-mixed)" for p in problems)
+    for i, prof in enumerate(profiles):
+        warnings.extend(f"model {i} ({prof.model}): {w}" for w in curve_warnings(prof))
+    return warnings
+
+
+def curve_warnings(prof: LatencyProfile) -> list[str]:
+    """Non-monotone steps and noisy batch sizes of one profile (empty when the curve looks sound)."""
+    out = []
+    stats = sorted(prof.batches, key=lambda s: s.batch_size)
+    for a, b in zip(stats, stats[1:]):
+        if b.median_ms < a.median_ms * (1 - DROP_TOLERANCE):
+            out.append(f"latency drops from {a.median_ms:.4g} ms at b = {a.batch_size} to {b.median_ms:.4g} ms at "
+                       f"b = {b.batch_size} (a non-monotone curve: noise or a busy machine; profile again with "
+                       f"more --steps)")
+    for s in stats:
+        if s.median_ms > 0 and (s.std_ms / s.median_ms > NOISE_STD or (s.p90_ms - s.min_ms) / s.median_ms
+                                > NOISE_SPREAD):
+            out.append(f"noisy samples at b = {s.batch_size} (std {s.std_ms:.3g} ms, min {s.min_ms:.4g}, p90 "
+                       f"{s.p90_ms:.4g}, median {s.median_ms:.4g} ms)")
+    return out
 
 
 def round_to_grid(value_ms: float, delta_ms: float) -> float:
     q = max(1, int(round(value_ms / delta_ms)))
     return float(round(q * delta_ms, 12))
+
+
+def auto_delta(values_ms: Sequence[float], rtol: float) -> float:
+    """``--delta-ms auto``: the coarsest grid representing every latency within ``rtol``."""
+    from tr_core.grid import coarsest_delta
+    return coarsest_delta(values_ms, rtol=rtol)
 
 
 def latency_fields(profiles: Sequence[LatencyProfile], *, delta_ms: float, curve: str = "table",
@@ -94,14 +155,25 @@ def latency_fields(profiles: Sequence[LatencyProfile], *, delta_ms: float, curve
 def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[float] | None = None,
                       profiles: Sequence[LatencyProfile] | None = None, delta_ms: float = 0.1,
                       curve: str = "table", at_batch_size: int | None = None, name: str = "profiled",
-                      model_names: Sequence[str] | None = None, extra_provenance: dict | None = None) -> SystemSpec:
-    """A validated spec: latencies from ``profiles`` (or given ``step_latency_ms``), P and C from ``estimate``."""
+                      model_names: Sequence[str] | None = None, extra_provenance: dict | None = None,
+                      allow_mixed: bool = False, delta_rtol: float = 0.01,
+                      warnings: list | None = None) -> SystemSpec:
+    """A validated spec: latencies from ``profiles`` (or given ``step_latency_ms``), P and C from ``estimate``.
+
+    ``delta_ms='auto'`` picks the coarsest grid within ``delta_rtol``; profile
+    warnings (:func:`check_profiles`) are appended to ``warnings`` and kept in
+    ``provenance.latency_warnings``.
+    """
     M = estimate.n_models
     curves = None
     lat_prov: list | dict
+    notes: list[str] = []
     if profiles is not None:
         if len(profiles) != M:
             raise ProfileError(f"the trace has {M} models but {len(profiles)} latency profiles were given")
+        notes = check_profiles(profiles, allow_mixed=allow_mixed)
+        if delta_ms == "auto":
+            delta_ms = auto_delta([s.median_ms for p in profiles for s in p.batches], delta_rtol)
         L, curves, lat_prov = latency_fields(profiles, delta_ms=delta_ms, curve=curve, at_batch_size=at_batch_size)
         if model_names is None:
             model_names = [p.model for p in profiles]
@@ -110,6 +182,8 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
         if len(L) != M:
             raise ProfileError(f"--step-latency-ms has {len(L)} values but the trace has {M} models")
         lat_prov = {"source": "given on the command line", "step_latency_ms": L}
+        if delta_ms == "auto":
+            delta_ms = auto_delta(L, delta_rtol)
     else:
         raise ProfileError("a spec needs latencies: pass --step-latency-ms or --latency-profile (one per model)")
     P, C = spec_matrices(estimate)
@@ -117,6 +191,10 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
     prov = {"tool": "tr-profile", "tool_version": __version__,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "routing": routing_provenance(estimate), "latency": lat_prov}
+    if notes:
+        prov["latency_warnings"] = notes
+        if warnings is not None:
+            warnings.extend(notes)
     if extra_provenance:
         prov.update(extra_provenance)
     return make_spec(L, P, C, delta_ms=delta_ms, name=name,

@@ -31,6 +31,11 @@ admission latency of model i = mean time between a request's arrival in i's
 queue and the launch of the batch that takes it.  All times are divided by the
 executor's ``time_scale`` so that they are in the spec's units.
 
+Clocks: on the wall clock (``new_event_loop("wall")``) steps take real time;
+on the virtual clock (:class:`VirtualTimeLoop`) every timer fires in zero wall
+time exactly at its deadline, so the same code becomes a discrete-event
+simulation of itself whose results are exact and repeatable (tests use it).
+
 A finished request is replaced by a new one at the entry model.  For the
 R2R/CITER/Co-LLM presets every committing step sends the request to model 0
 anyway, so the closed loop is exactly the delayed-batching chain with N

@@ -150,3 +150,37 @@ def test_table_lookup_trace_routing_and_profiling_helpers():
     assert r.min_batch_size[1] >= min(table.lookup(v)[1] for v in range(lo, hi + 1))
     prof = profile_step_latency(models[1], [1, 2, 3], new_tokens=2, context=20, steps=2, warmup=1, other=models[0])
     assert sorted(prof) == [1, 2, 3] and all(ms > 0 for ms in prof.values())
+
+
+@pytest.mark.gpu
+def test_cuda_graph_steps_equal_eager_steps_and_serve_a_routed_run():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    shape = tiny_shape(hidden=64, layers=2, vocab_size=128)
+    w = random_weights(shape, device="cuda", seed=5, std=0.2)
+    graphed = SlotModel(shape, w, n_slots=3, max_len=48, t_buckets=(1, 2, 4), device="cuda", cuda_graphs=True)
+    eager = SlotModel(shape, w, n_slots=3, max_len=48, t_buckets=(1, 2, 4), device="cuda", cuda_graphs=False)
+    assert len(graphed.graphs) == 3 * 3 and not eager.graphs
+    g = torch.Generator().manual_seed(1)
+    seqs = {s: torch.randint(0, 128, (30,), generator=g).tolist() for s in range(3)}
+    done = {s: 0 for s in seqs}
+    for step in [{0: 3, 1: 1, 2: 4}, {0: 1, 1: 2}, {2: 1, 0: 4, 1: 1}, {1: 3}]:
+        rows = [(s, done[s], seqs[s][done[s]:done[s] + n]) for s, n in step.items()]
+        a, ia = graphed.run(rows)
+        b, ib = eager.run(rows)
+        assert ia["graph"] and not ib["graph"] and a == b
+        for s, n in step.items():
+            done[s] += n
+    for s in seqs:
+        torch.testing.assert_close(graphed.k_cache[:, s, :done[s]], eager.k_cache[:, s, :done[s]])
+    spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
+    small = SlotModel(tiny_shape(hidden=32, layers=1, vocab_size=128), random_weights(
+        tiny_shape(hidden=32, layers=1, vocab_size=128), device="cuda", seed=6), n_slots=3, max_len=48,
+        t_buckets=(1, 2, 4, 8), device="cuda")
+    big = SlotModel(shape, w, n_slots=3, max_len=48, t_buckets=(1, 2, 4, 8), device="cuda")
+    ex = TorchExecutor([small, big])
+    r = measure_closed_loop(spec, 3, (1, 2), ex, duration_s=1.0, warmup_s=0.2, max_output_tokens=30,
+                            prompt_len=4)
+    ex.close()
+    assert r.tokens > 0 and r.min_batch_size[1] >= 2
+    assert sum(s["graph"] for s in ex.step_log) > 0.5 * len(ex.step_log)

@@ -150,14 +150,193 @@ class Bounder:
     """The proven bounds available for one (spec, N): ``vector_bound(B)`` is the smallest of them.
 
     Each bound holds for every feasible vector of its family; a vector's bound
-    is the minimum over the families it belongs to.
+    is the minimum over the families it belongs to.  ``policies``: a
+    :class:`PolicyBounds` table (all-policy bounds at small N, scaled up).
     """
 
-    def __init__(self, spec: SystemSpec, N: int, *, round_to_grid: bool = False):
+    def __init__(self, spec: SystemSpec, N: int, *, round_to_grid: bool = False,
+                 policies: "PolicyBounds | None" = None):
         self.spec = spec
         self.N = int(N)
         self.d = _quanta(spec, self.N, round_to_grid)
         self.global_bound = no_wait_bound(spec, self.N, d=self.d)
+        if policies is not None:
+            pb = policies.bound(self.N)
+            if pb is not None and pb.value_tok_s < self.global_bound.value_tok_s:
+                self.global_bound = pb
 
     def vector_bound(self, B) -> Bound:
         return self.global_bound
+
+
+def scaling_valid(spec: SystemSpec, N: int) -> bool:
+    """True when per-request throughput bounds may be scaled from N0 up to N (see :class:`PolicyBounds`).
+
+    Needs batch-size-independent latencies and no batch cap below N: then one
+    request more or less never changes when a batch ends or who it takes.
+    """
+    if spec.batch_dependent:
+        return False
+    return all(c is None or int(c) >= int(N) for c in (spec.max_batch_size or ()))
+
+
+class PolicyBounds:
+    r"""All-policy bounds ``lam_n`` (:func:`policy_bound`) for small n, and their scaling to larger N.
+
+    **Scaling** (batch-size-independent latencies, no cap below N): for every
+    launch policy of an ``(N+1)``-request system, remove one request ``r``;
+    the other N requests follow a launch policy of the N-request system (the
+    same launch epochs and decisions; a launch that would have taken only
+    ``r`` is an empty batch, an action :func:`policy_bound` includes), so
+    their throughput ``T - rate_r`` is at most ``lam_N``.  Summing over the
+    N + 1 choices of ``r`` gives ``N T <= (N + 1) lam_N``, and by induction
+    ``T(B) <= N * lam_n / n`` for every ``n <= N`` and every feasible ``B``.
+    """
+
+    def __init__(self, spec: SystemSpec, *, round_to_grid: bool = False):
+        self.spec = spec
+        self.round_to_grid = round_to_grid
+        self.values: dict[int, BoxResult] = {}
+
+    def compute(self, Ns, *, max_states: int = 400_000, budget_s: float | None = None, **kw) -> "PolicyBounds":
+        """Solve :func:`policy_bound` for each n in ``Ns`` (increasing), stopping at a state or time budget."""
+        import time as _time
+
+        t0 = _time.perf_counter()
+        for n in sorted(set(int(x) for x in Ns)):
+            if budget_s is not None and _time.perf_counter() - t0 > budget_s:
+                break
+            r = policy_bound(self.spec, n, max_states=max_states, round_to_grid=self.round_to_grid, **kw)
+            if r.status != "ok":
+                break
+            self.values[n] = r
+        return self
+
+    def bound(self, N: int) -> Bound | None:
+        """The smallest proven bound at N from the table (None when none applies)."""
+        N = int(N)
+        best: Bound | None = None
+        for n, r in self.values.items():
+            if n == N:
+                v, name = r.upper_tok_s, f"all-policy(N={n})"
+            elif n < N and scaling_valid(self.spec, N):
+                v, name = r.upper_tok_s * N / n, f"all-policy(N={n}) scaled"
+            else:
+                continue
+            if math.isfinite(v) and (best is None or v < best.value_tok_s):
+                best = Bound(float(v), name)
+        return best
+
+
+@dataclass(frozen=True)
+class BoxResult:
+    """The decision-process bound of one threshold box (see :func:`box_bound`)."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    upper_tok_s: float          # proven: no vector in the box exceeds it
+    lower_tok_s: float          # the box's decision optimum is at least this (not a threshold value)
+    states: int
+    sweeps: int
+    seconds: float
+    status: str                 # "ok", "too large", "deadlock"
+
+
+def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = None, d: np.ndarray | None = None,
+              max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
+              rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
+              empty: bool = False) -> BoxResult:
+    """A proven upper bound on ``T(B)`` for every ``B`` with ``lo <= B <= hi`` (componentwise) at N.
+
+    The box's decision process lets each idle model ``j`` launch or wait while
+    ``lo_j <= k_j < hi_j``; each threshold vector of the box is one of its
+    policies, so by the certificate ``max_s (g + Q*h - h)/tau`` (valid for
+    any ``h``, see the module docstring) no vector of the box can exceed it.
+    ``h`` comes from value-iteration sweeps; they stop as soon as the bound
+    is below ``target_tok_s`` (enough to prune), the bracket is within
+    ``rtol``, or ``max_sweeps`` is reached (the bound is valid at any point).
+    """
+    import time as _time
+
+    from optimizer import _kernels as K
+
+    t0 = _time.perf_counter()
+    N = int(N)
+    M = spec.M
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if d is None:
+        d = _quanta(spec, N, round_to_grid)
+    caps = spec.caps(N).astype(np.int64)
+    P = np.ascontiguousarray(spec.P)
+    cbar = (spec.C * P).sum(axis=1)
+    bn = max(1, N.bit_length())
+    br = max(1, int(d.max()).bit_length())
+    if M * (2 * bn + br) > 62:
+        return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
+    offsets, parts, prob = _outcomes(N, M, P)
+    st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
+        N, lo, hi, caps, np.ascontiguousarray(d, dtype=np.int64), cbar, offsets, parts, prob, bn, br,
+        int(max_states), int(max_entries), bool(empty))
+    if st != K.OK:
+        return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
+                         _time.perf_counter() - t0, "too large" if st == K.TOO_LARGE else "deadlock")
+    tau = tau[:n].astype(np.float64)
+    g = g[:n].copy()
+    # rounding of one certificate term grows with the number of products summed in it
+    per_state = opt_ptr[out_ptr[1:n + 1]] - opt_ptr[out_ptr[:n]]
+    terms = int(per_state.max()) + 8 if n else 8
+    scale = 1000.0 / spec.delta_ms
+    target = None if target_tok_s is None else target_tok_s / scale
+    h = np.zeros(n)
+    # Relative value iteration of the epoch process with per-step reward g - lam*tau.  With lam fixed at
+    # the target, it converges to values whose certificate is below the target exactly when the box's
+    # optimum is (the bracket of any h is valid; lam only steers where h converges).
+    lam = float(np.sum(g) / np.sum(tau))
+    lo_b, hi_b = -math.inf, math.inf
+    sweeps = 0
+    step = 4
+    while True:
+        K.mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, step)
+        sweeps += step
+        a, b, mag = K.mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h)
+        err = mag * 4 * terms * np.finfo(np.float64).eps      # rounding in the bracket's sums
+        lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)   # each is a valid bound: keep the best
+        lam = 0.5 * (lo_b + hi_b) if math.isfinite(lo_b + hi_b) else 0.5 * (a + b)
+        if trace is not None:
+            trace.append((sweeps, lo_b * scale, hi_b * scale))
+        if target is not None and hi_b < target:
+            break
+        if hi_b - lo_b <= rtol * abs(hi_b) or sweeps >= max_sweeps:
+            break
+        if target is not None and lo_b >= target:      # the box really holds better policies: no prune
+            break
+        step = min(2 * step, 32)
+    return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), hi_b * scale, lo_b * scale, int(n),
+                     sweeps, _time.perf_counter() - t0, "ok")
+
+
+_OUTCOMES: dict = {}
+
+
+def _outcomes(N: int, M: int, P: np.ndarray):
+    from optimizer import _kernels as K
+
+    key = (N, M, P.tobytes())
+    hit = _OUTCOMES.get(key)
+    if hit is None:
+        if len(_OUTCOMES) > 8:
+            _OUTCOMES.clear()
+        hit = _OUTCOMES[key] = K.outcome_table(N, M, P)
+    return hit
+
+
+def policy_bound(spec: SystemSpec, N: int, **kw) -> BoxResult:
+    """A proven upper bound on the throughput of *every* launch policy at N (thresholds included).
+
+    The decision process lets every idle model launch (all its waiting
+    requests) or wait at every epoch, and also start an empty batch; see
+    :func:`box_bound` for the certificate.  Used with :func:`scaled_policy_bound`.
+    """
+    M = spec.M
+    return box_bound(spec, N, (0,) * M, (int(N) + 1,) * M, empty=True, **kw)

@@ -177,7 +177,7 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
 def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
                         search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                         time_budget_s: float | None = None, max_evaluations: int | None = None,
-                        start: Sequence[int] | None = None, eager: bool = True,
+                        start: Sequence[int] | None = None, eager: bool = True, policies=None,
                         workers: int = 1, executor=None, progress=None, **kw) -> Optimum:
     """B* at concurrency N (see the module docstring for ``search``).
 
@@ -185,6 +185,8 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     hold over those).  ``start``: a vector to begin near (e.g. B*(N-1)); it
     only orders the work.  ``eager=False`` skips the eager baseline in the
     pruned/certified modes (its chain is the largest; the eager fields are NaN).
+    ``policies``: an :class:`optimizer.bounds.PolicyBounds` table whose
+    all-policy bounds tighten ``upper_bound_tok_s`` (and so the gap).
     """
     N = F.check_n(N)
     search = _check_search(search)
@@ -194,7 +196,8 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     if search == "auto":
         search = "exhaustive" if total <= AUTO_EXHAUSTIVE_MAX and time_budget_s is None else "certified"
     if search == "local":
-        return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress, **kw)
+        return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress,
+                              policies=policies, **kw)
     if search == "exhaustive":
         F.check_count(total, max_evaluations, N=N, M=spec.M)
         t0 = time.perf_counter()
@@ -206,8 +209,11 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
         evals = evaluate_many(spec, [(N, B) for B in cands], workers=workers, executor=executor,
                               progress=progress, **kw)
         return _optimum(N, evals, time.perf_counter() - t0)
+    from optimizer.bounds import Bounder
     from optimizer.branch import branch_and_bound
+    bounder = Bounder(spec, N, round_to_grid=kw.get("round_to_grid", False), policies=policies)
     return branch_and_bound(spec, N, candidates=candidates, max_gap=0.0 if search == "pruned" else max_gap,
+                            bounder=bounder,
                             time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
                             eager=eager, workers=workers, executor=executor, progress=progress, **kw)
 
@@ -234,14 +240,17 @@ def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Op
 def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, executor=None, progress=None,
                    search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                    time_budget_s: float | None = None, max_evaluations: int | None = None,
-                   **kw) -> list[Optimum]:
+                   policy_bound_n: int | None = None, **kw) -> list[Optimum]:
     """B* for every N in ``Ns``.
 
     ``exhaustive``: all evaluations of the sweep share one pool.  Other modes
     run N in increasing order, each started near the previous N's B*
     (``time_budget_s`` is per N).  ``max_evaluations`` caps the whole sweep's
     vectors for ``exhaustive`` (closed form, checked first) and each N's for
-    the other modes.
+    the other modes.  ``policy_bound_n``: solve the all-policy bound at this
+    concurrency once and scale it to every larger N of the sweep (a tighter
+    certificate; default ``min(max(Ns), 12)`` for the certified and local
+    modes, 0 to skip).
     """
     search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
@@ -259,10 +268,16 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     out: dict[int, Optimum] = {}
     prev = None
     order = sorted(set(Ns))
+    policies = None
+    if policy_bound_n is None:
+        policy_bound_n = min(max(order), 12) if search in ("certified", "local", "auto") else 0
+    if policy_bound_n and policy_bound_n > 0:
+        from optimizer.bounds import PolicyBounds
+        policies = PolicyBounds(spec, round_to_grid=kw.get("round_to_grid", False)).compute([policy_bound_n])
     for k, N in enumerate(order):
         o = optimize_thresholds(spec, N, search=search, max_gap=max_gap, time_budget_s=time_budget_s,
                                 max_evaluations=max_evaluations, start=prev, workers=workers,
-                                executor=executor, **kw)
+                                executor=executor, policies=policies, **kw)
         prev = o.best_B
         out[N] = o
         if progress:
@@ -271,7 +286,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
 
 
 def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = None, workers: int = 1,
-                   executor=None, progress=None, **kw) -> Optimum:
+                   executor=None, progress=None, policies=None, **kw) -> Optimum:
     """B* by steepest ascent over the +-1 neighbours of a start vector (a heuristic, off by default).
 
     Not guaranteed to find the global argmax: throughput need not be unimodal
@@ -281,7 +296,7 @@ def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = No
     chains it solved; ``table`` lists them; ``upper_bound_tok_s`` is the
     proven no-wait bound, so ``gap`` says how far from certain it is.
     """
-    from optimizer.bounds import gap as rel_gap, no_wait_bound
+    from optimizer.bounds import Bounder, gap as rel_gap
 
     t0 = time.perf_counter()
     N = int(N)
@@ -316,6 +331,7 @@ def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = No
         cur = best.B
     evals = sorted(seen.values(), key=lambda e: e.B)
     top = pick_best(evals).throughput_tok_s
-    ub = max(top, no_wait_bound(spec, N, round_to_grid=kw.get("round_to_grid", False)).value_tok_s)
+    bound = Bounder(spec, N, round_to_grid=kw.get("round_to_grid", False), policies=policies).global_bound
+    ub = max(top, bound.value_tok_s)
     return _optimum(N, evals, time.perf_counter() - t0, certificate="local", upper_bound_tok_s=ub,
                     gap=rel_gap(ub, top), unresolved=F.count_feasible(N, M) - len(evals))

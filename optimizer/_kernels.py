@@ -1,0 +1,413 @@
+"""Compiled kernels of the optimizer (the only numba module of ``optimizer``).
+
+The family bound of :mod:`optimizer.bounds` needs the decision process in
+which every idle model ``j`` holding ``k_j`` requests may launch or wait when
+``lo_j <= k_j < hi_j`` (it must launch at ``k_j >= hi_j`` and cannot below
+``lo_j``).  Every threshold vector with ``lo <= B <= hi`` is one stationary
+policy of it.  :func:`mdp_build` enumerates the states reachable under *any*
+such policy (breadth-first, like the chain itself) and, per state, the merged
+routing outcomes and the post-launch states each outcome can lead to;
+:func:`mdp_sweeps` runs in-place value-iteration sweeps; :func:`mdp_bracket`
+evaluates the certificate ``max_s (g + Q*h - h) / tau`` for the final ``h``.
+
+State packing (as in the chain): model i holds ``k_i`` and ``b_i`` (``bn``
+bits each) and ``r_i`` (``br`` bits) in one int64 key.  Kernels take and
+return NumPy arrays and scalars only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+EMPTY = -1
+OK = 0
+TOO_LARGE = 1
+DEADLOCK = 2
+
+
+@njit(cache=True)
+def _mix(key):
+    # 64-bit avalanche finaliser (public-domain constants), so near-equal packed keys spread out
+    h = np.uint64(key)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+@njit(cache=True)
+def _find(tkeys, tvals, key, new_index):
+    mask = np.uint64(tkeys.shape[0] - 1)
+    slot = _mix(key) & mask
+    while True:
+        s = np.int64(slot)
+        if tkeys[s] == key:
+            return tvals[s], False
+        if tkeys[s] == EMPTY:
+            tkeys[s] = key
+            tvals[s] = new_index
+            return new_index, True
+        slot = (slot + np.uint64(1)) & mask
+
+
+@njit(cache=True)
+def _rehash(keys, n, capacity):
+    tkeys = np.full(capacity, EMPTY, dtype=np.int64)
+    tvals = np.empty(capacity, dtype=np.int64)
+    for i in range(n):
+        _find(tkeys, tvals, keys[i], i)
+    return tkeys, tvals
+
+
+@njit(cache=True)
+def _grow_i(a, need):
+    if need <= a.shape[0]:
+        return a
+    cap = a.shape[0] * 2
+    while cap < need:
+        cap *= 2
+    out = np.empty(cap, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _grow_f(a, need):
+    if need <= a.shape[0]:
+        return a
+    cap = a.shape[0] * 2
+    while cap < need:
+        cap *= 2
+    out = np.empty(cap, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _pack(k, b, r, M, bn, br):
+    key = np.int64(0)
+    s = np.int64(0)
+    for i in range(M):
+        key |= np.int64(k[i]) << s
+        s += bn
+        key |= np.int64(b[i]) << s
+        s += bn
+        key |= np.int64(r[i]) << s
+        s += br
+    return key
+
+
+@njit(cache=True)
+def _unpack(key, k, b, r, M, bn, br):
+    mn = (np.int64(1) << bn) - 1
+    mr = (np.int64(1) << br) - 1
+    s = np.int64(0)
+    for i in range(M):
+        k[i] = (key >> s) & mn
+        s += bn
+        b[i] = (key >> s) & mn
+        s += bn
+        r[i] = (key >> s) & mr
+        s += br
+
+
+@njit(cache=True)
+def outcome_table(N, M, P):
+    """Compositions of b = 0..N into M parts and their multinomial probabilities per source model.
+
+    Returns ``(offsets, parts, prob)``: compositions of ``b`` are rows
+    ``offsets[b]:offsets[b+1]`` of ``parts``; ``prob[i, c]`` is the
+    probability that a batch of ``b`` leaving model ``i`` splits as row ``c``
+    (exactly 0 when a part goes to a zero-probability destination).
+    """
+    offsets = np.zeros(N + 2, dtype=np.int64)
+    for b in range(N + 1):
+        c = 1
+        for t in range(1, M):
+            c = c * (b + t) // t
+        offsets[b + 1] = offsets[b] + c
+    total = offsets[N + 1]
+    parts = np.zeros((total, M), dtype=np.int64)
+    x = np.zeros(M, dtype=np.int64)
+    for b in range(N + 1):
+        row = offsets[b]
+        for j in range(M):
+            x[j] = 0
+        x[M - 1] = b
+        while True:
+            for j in range(M):
+                parts[row, j] = x[j]
+            row += 1
+            j = M - 2
+            moved = False
+            while j >= 0:
+                if x[M - 1] > 0:
+                    x[j] += 1
+                    x[M - 1] -= 1
+                    moved = True
+                    break
+                x[M - 1] += x[j]
+                x[j] = 0
+                j -= 1
+            if not moved:
+                break
+    logf = np.zeros(N + 1)
+    for v in range(2, N + 1):
+        logf[v] = logf[v - 1] + np.log(v)
+    prob = np.zeros((M, total))
+    for i in range(M):
+        for b in range(N + 1):
+            for c in range(offsets[b], offsets[b + 1]):
+                lp = logf[b]
+                ok = True
+                for j in range(M):
+                    v = parts[c, j]
+                    if v > 0:
+                        if P[i, j] <= 0.0:
+                            ok = False
+                            break
+                        lp += v * np.log(P[i, j]) - logf[v]
+                if ok:
+                    prob[i, c] = np.exp(lp)
+    return offsets, parts, prob
+
+
+@njit(cache=True)
+def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty):
+    """Post-launch keys reachable from the pre-decision configuration (k, b, r); returns their count.
+
+    A model is idle when ``r == 0``.  With ``empty``, an idle model may also start an empty batch
+    (busy for ``d[j, 0]`` quanta, serving nobody).
+    """
+    free = np.zeros(M, dtype=np.int64)
+    nf = 0
+    for j in range(M):
+        if r[j] == 0 and (k[j] >= 1 or empty) and k[j] >= lo[j] and k[j] < hi[j]:
+            free[nf] = j
+            nf += 1
+    k2 = np.empty(M, dtype=np.int64)
+    b2 = np.empty(M, dtype=np.int64)
+    r2 = np.empty(M, dtype=np.int64)
+    cnt = 0
+    for mask in range(1 << nf):
+        for j in range(M):
+            k2[j] = k[j]
+            b2[j] = b[j]
+            r2[j] = r[j]
+        for j in range(M):
+            launch = False
+            if r2[j] == 0 and (k2[j] >= 1 or empty):
+                if k2[j] >= hi[j] and k2[j] >= 1:
+                    launch = True
+                else:
+                    for f in range(nf):
+                        if free[f] == j and (mask >> f) & 1:
+                            launch = True
+            if launch:
+                take = k2[j] if k2[j] < caps[j] else caps[j]
+                b2[j] = take
+                k2[j] -= take
+                r2[j] = d[j, take]
+        running = False
+        for j in range(M):
+            if r2[j] > 0:
+                running = True
+        if running:
+            out[cnt] = _pack(k2, b2, r2, M, bn, br)
+            cnt += 1
+    return cnt
+
+
+@njit(cache=True)
+def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
+    """Enumerate the decision process of the threshold box ``lo <= B <= hi``.
+
+    Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)``:
+    state ``s`` has routing outcomes ``out_ptr[s]:out_ptr[s+1]`` (merged,
+    probabilities ``out_prob``), and outcome ``u`` may lead to the states
+    ``opt_idx[opt_ptr[u]:opt_ptr[u+1]]`` (one per allowed launch decision).
+    ``status``: OK, TOO_LARGE (more than ``max_states`` states or
+    ``max_entries`` option entries) or DEADLOCK.
+    """
+    M = lo.shape[0]
+    cap = 1024
+    keys = np.empty(cap, dtype=np.int64)
+    tau = np.empty(cap, dtype=np.int64)
+    g = np.empty(cap, dtype=np.float64)
+    out_ptr = np.zeros(cap + 1, dtype=np.int64)
+    out_prob = np.empty(cap * 4, dtype=np.float64)
+    opt_ptr = np.zeros(cap * 4 + 1, dtype=np.int64)
+    opt_idx = np.empty(cap * 8, dtype=np.int64)
+    tcap = 4096
+    tkeys = np.full(tcap, EMPTY, dtype=np.int64)
+    tvals = np.empty(tcap, dtype=np.int64)
+    k = np.zeros(M, dtype=np.int64)
+    b = np.zeros(M, dtype=np.int64)
+    r = np.zeros(M, dtype=np.int64)
+    k2 = np.zeros(M, dtype=np.int64)
+    b2 = np.zeros(M, dtype=np.int64)
+    r2 = np.zeros(M, dtype=np.int64)
+    done = np.zeros(M, dtype=np.int64)
+    idx = np.zeros(M, dtype=np.int64)
+    clo = np.zeros(M, dtype=np.int64)
+    chi = np.zeros(M, dtype=np.int64)
+    optbuf = np.empty(1 << M, dtype=np.int64)
+    ukeys = np.empty(256, dtype=np.int64)
+    uprob = np.empty(256, dtype=np.float64)
+
+    # initial configuration: all N wait at model 0, every allowed first decision is a start state
+    k[0] = N
+    n = 0
+    cnt = _options(k, b, r, lo, hi, caps, d, M, bn, br, optbuf, empty)
+    if cnt == 0:
+        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+    for q in range(cnt):
+        ix, ins = _find(tkeys, tvals, optbuf[q], n)
+        if ins:
+            keys[n] = optbuf[q]
+            n += 1
+    nu = 0
+    ne = 0
+    head = 0
+    while head < n:
+        _unpack(keys[head], k, b, r, M, bn, br)
+        t = np.int64(1) << 62
+        for i in range(M):
+            if r[i] > 0 and r[i] < t:
+                t = r[i]
+        if t == (np.int64(1) << 62):
+            return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+        na = 0
+        gs = 0.0
+        for i in range(M):
+            if r[i] > 0 and r[i] == t:
+                done[na] = i
+                clo[na] = offsets[b[i]]
+                chi[na] = offsets[b[i] + 1]
+                idx[na] = clo[na]
+                na += 1
+                gs += b[i] * cbar[i]
+        tau[head] = t
+        g[head] = gs
+        # routing outcomes -> pre-decision keys (no launch yet)
+        m = 0
+        while True:
+            p = 1.0
+            for a in range(na):
+                p *= prob[done[a], idx[a]]
+            if p > 0.0:
+                for i in range(M):
+                    k2[i] = k[i]
+                    if r[i] > 0 and r[i] != t:
+                        b2[i] = b[i]
+                        r2[i] = r[i] - t
+                    else:
+                        b2[i] = 0
+                        r2[i] = 0
+                for a in range(na):
+                    c = idx[a]
+                    for j in range(M):
+                        k2[j] += parts[c, j]
+                if m == ukeys.shape[0]:
+                    ukeys = _grow_i(ukeys, m + 1)
+                    uprob = _grow_f(uprob, m + 1)
+                ukeys[m] = _pack(k2, b2, r2, M, bn, br)
+                uprob[m] = p
+                m += 1
+            a = na - 1
+            while a >= 0:
+                idx[a] += 1
+                if idx[a] < chi[a]:
+                    break
+                idx[a] = clo[a]
+                a -= 1
+            if a < 0:
+                break
+        order = np.argsort(ukeys[:m], kind="mergesort")
+        last = np.int64(-2)
+        for q in range(m):
+            o = order[q]
+            if ukeys[o] == last:
+                out_prob[nu - 1] += uprob[o]
+                continue
+            last = ukeys[o]
+            if nu + 1 >= out_prob.shape[0]:
+                out_prob = _grow_f(out_prob, nu + 2)
+            if nu + 2 >= opt_ptr.shape[0]:
+                opt_ptr = _grow_i(opt_ptr, nu + 3)
+            out_prob[nu] = uprob[o]
+            _unpack(last, k2, b2, r2, M, bn, br)
+            cnt = _options(k2, b2, r2, lo, hi, caps, d, M, bn, br, optbuf, empty)
+            if cnt == 0:
+                return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+            if ne + cnt > max_entries:
+                return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+            if ne + cnt > opt_idx.shape[0]:
+                opt_idx = _grow_i(opt_idx, ne + cnt)
+            for c2 in range(cnt):
+                ix, ins = _find(tkeys, tvals, optbuf[c2], n)
+                if ins:
+                    if n >= max_states:
+                        return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                    if n >= keys.shape[0]:
+                        keys = _grow_i(keys, n + 1)
+                        tau = _grow_i(tau, n + 1)
+                        g = _grow_f(g, n + 1)
+                        out_ptr = _grow_i(out_ptr, keys.shape[0] + 1)
+                    keys[n] = optbuf[c2]
+                    n += 1
+                    if 2 * n > tkeys.shape[0]:
+                        tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
+                opt_idx[ne] = ix
+                ne += 1
+            nu += 1
+            opt_ptr[nu] = ne
+        head += 1
+        out_ptr[head] = nu
+    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+
+
+@njit(cache=True)
+def _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx):
+    q = 0.0
+    for u in range(out_ptr[s], out_ptr[s + 1]):
+        best = -1e300
+        for e in range(opt_ptr[u], opt_ptr[u + 1]):
+            v = h[opt_idx[e]]
+            if v > best:
+                best = v
+        q += out_prob[u] * best
+    return q
+
+
+@njit(cache=True)
+def mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, sweeps):
+    """``sweeps`` in-place Gauss-Seidel value-iteration sweeps of ``h <- g - lam tau + Q* h``, renormalised."""
+    for _ in range(sweeps):
+        for s in range(n):
+            h[s] = g[s] - lam * tau[s] + _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx)
+        ref = h[0]
+        for s in range(n):
+            h[s] -= ref
+
+
+@njit(cache=True)
+def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
+    """``(min_s D, max_s D, max_s |terms|)`` with ``D = (g + Q*h - h) / tau``: the optimum lies in between."""
+    lo = 1e300
+    hi = -1e300
+    mag = 0.0
+    for s in range(n):
+        q = _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx)
+        D = (g[s] + q - h[s]) / tau[s]
+        if D < lo:
+            lo = D
+        if D > hi:
+            hi = D
+        a = (abs(g[s]) + abs(q) + abs(h[s])) / tau[s]
+        if a > mag:
+            mag = a
+    return lo, hi, mag

@@ -1,7 +1,7 @@
 """Cost of timing every decoding step: CUDA events vs an untimed loop vs a synchronize per step.
 
 Usage (GPU):  python benchmarks/profiler_overhead.py --config benchmarks/profiler_configs/small-llama.json \
-                  [--batch-sizes 1,8,32] [--context 512] [--steps 50] [--repeats 7] [--out overhead.json]
+                  [--batch-sizes 1 8 32] [--context 512] [--steps 50] [--repeats 7] [--out overhead.json]
 
 For each batch size and for eager and CUDA-graph steps, alternates ``--repeats``
 times three loops of ``--steps`` decode steps, each bracketed once by a pair of
@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=os.path.join(ROOT, "benchmarks", "profiler_configs", "small-llama.json"))
-    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--batch-sizes", nargs="+", default=["1", "8", "32"], help="space-separated (commas read too)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=7)
@@ -45,7 +45,7 @@ def main() -> None:
     model, name = load_model(config_path=a.config, dtype=dtype, device=device)
     rows = []
     for graph in ([False, True] if cuda else [False]):
-        for b in [int(x) for x in a.batch_sizes.split(",")]:
+        for b in [int(x) for v in a.batch_sizes for x in v.split(",") if x]:
             st = _Stepper(model, b, a.context, 1, static=graph, device=device, seed=b)
             if graph:
                 st.capture(3)

@@ -117,6 +117,9 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
         src.add_argument("--matrix", metavar="FILE", action="append",
                          help="a routing-benchmark matrix (queries x model scores, JSON or JSONL)")
         src.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
+        src.add_argument("--workload", choices=("paper", "paper-coding"), metavar="PRESET",
+                         help="a paper-calibrated synthetic workload (Table 1 ranges; docs/shadow_prefill.md): paper = the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the other builder options are "
+                              "the preset's")
         src.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
                          help="with --matrix: route over this model pair (repeatable; default: every pair)")
     else:
@@ -126,6 +129,9 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
         g.add_argument("--matrix", metavar="FILE", help="a routing-benchmark matrix (queries x model scores, JSON or "
                                                         "JSONL)")
         g.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
+        g.add_argument("--workload", choices=("paper", "paper-coding"), metavar="PRESET",
+                       help="a paper-calibrated synthetic workload (Table 1 ranges; docs/shadow_prefill.md): paper = the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the other builder options are "
+                              "the preset's")
         src.add_argument("--pair", nargs=2, metavar=("A", "B"), help="with --matrix: the model pair to route over")
     src.add_argument("--prices", dest="prices", metavar="FILE",
                               help="model prices, models.json format ({model: {input_price, output_price}} in $/M "
@@ -192,6 +198,10 @@ def loop_params(args) -> AgentLoopParams:
 
 def synthetic_params(args, models: Sequence[str] | None = None) -> SyntheticParams:
     """The synthetic-workload options as :class:`SyntheticParams` (``models`` overrides ``--synthetic-models``)."""
+    if getattr(args, "workload", None):
+        from shadow_prefill.builder import workload_preset
+        return workload_preset(args.workload, n_sessions=args.sessions, seed=args.seed,
+                               models=tuple(models or args.synthetic_models))
     return SyntheticParams(n_sessions=args.sessions, models=tuple(models or args.synthetic_models),
                            switch_prob=args.switch_prob, first_input=_lognormal(args.first_input, "--first-input"),
                            step_input=_lognormal(args.step_input, "--step-input"), loop=loop_params(args),
@@ -208,7 +218,8 @@ def workload_from_args(args) -> list[tuple[SessionSet, dict | None, dict | None]
     from shadow_prefill.trace_io import read_session_trace
 
     traces, matrices = _as_list(args.trace), _as_list(args.matrix)
-    n_sources = len(traces) + len(matrices) + int(bool(args.synthetic))
+    preset = getattr(args, "workload", None)
+    n_sources = len(traces) + len(matrices) + int(bool(args.synthetic or preset))
     if n_sources == 0:
         raise ShadowError("give a workload: --trace FILE, --matrix FILE or --synthetic")
     if args.name and n_sources > 1:
@@ -220,7 +231,7 @@ def workload_from_args(args) -> list[tuple[SessionSet, dict | None, dict | None]
         raise ShadowError("--tokenizer applies to --matrix only")
     prices = load_prices(args.prices) if args.prices else None
     out: list[tuple[SessionSet, dict | None, dict | None]] = []
-    loop = loop_params(args) if (matrices or args.synthetic) else None
+    loop = loop_params(args) if (matrices or (args.synthetic and not preset)) else None
     for path in matrices:
         m = load_matrix(path, args.prices)
         w = MatrixWorkload(m, loop, seed=args.seed, tokenizer=args.tokenizer, respect_tasks=args.respect_tasks,
@@ -234,9 +245,9 @@ def workload_from_args(args) -> list[tuple[SessionSet, dict | None, dict | None]
         out.extend((w.sessions(p), w.accuracy(p), m.prices) for p in plist)
     for path in traces:
         out.append((read_session_trace(path, name=args.name), None, prices))
-    if args.synthetic:
+    if args.synthetic or preset:
         sp = synthetic_params(args)
-        out.append((generate_synthetic_sessions(sp, name=args.name or "synthetic"), None, prices))
+        out.append((generate_synthetic_sessions(sp, name=args.name or preset or "synthetic"), None, prices))
     return out
 
 

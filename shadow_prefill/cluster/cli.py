@@ -453,7 +453,7 @@ def cmd_compare(args) -> int:
 def _sweep_models(args, values, config, seeds, windows, sc, sizes, workers, client, progress):
     """``--sweep models-per-router 2 3 ...``: synthetic sessions re-drawn over the first N candidate models."""
     from shadow_prefill.cluster.sweep import sweep_models_per_router
-    if not args.synthetic:
+    if not (args.synthetic or getattr(args, "workload", None)):
         raise ShadowError("--sweep models-per-router needs --synthetic (the sessions are re-routed over N models)")
     ns = [int(v) for v in values]
     if any(n != v or n < 2 for n, v in zip(ns, values)):

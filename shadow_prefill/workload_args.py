@@ -118,8 +118,9 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
                          help="a routing-benchmark matrix (queries x model scores, JSON or JSONL)")
         src.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
         src.add_argument("--workload", choices=("paper", "paper-coding"), metavar="PRESET",
-                         help="a paper-calibrated synthetic workload (Table 1 ranges; docs/shadow_prefill.md): paper = the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the other builder options are "
-                              "the preset's")
+                         help="a paper-calibrated synthetic workload (Table 1 ranges, docs/shadow_prefill.md): paper = "
+                              "the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the "
+                              "other builder options are the preset's")
         src.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
                          help="with --matrix: route over this model pair (repeatable; default: every pair)")
     else:
@@ -130,8 +131,9 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
                                                         "JSONL)")
         g.add_argument("--synthetic", action="store_true", help="a synthetic workload (see the synthetic options)")
         g.add_argument("--workload", choices=("paper", "paper-coding"), metavar="PRESET",
-                       help="a paper-calibrated synthetic workload (Table 1 ranges; docs/shadow_prefill.md): paper = the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the other builder options are "
-                              "the preset's")
+                       help="a paper-calibrated synthetic workload (Table 1 ranges, docs/shadow_prefill.md): paper = "
+                            "the routing benchmarks, paper-coding = GHCP-coding; --sessions and --seed apply, the "
+                            "other builder options are the preset's")
         src.add_argument("--pair", nargs=2, metavar=("A", "B"), help="with --matrix: the model pair to route over")
     src.add_argument("--prices", dest="prices", metavar="FILE",
                               help="model prices, models.json format ({model: {input_price, output_price}} in $/M "

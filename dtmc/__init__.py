@@ -16,12 +16,14 @@ from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATE
                         Chain, DTMCError,
                         StateLimitExceeded, build_chain, state_bound)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
-from dtmc.solve import DEFAULT_TOL, SOLVERS, StationaryResult, closed_classes, residual, stationary_distribution
+from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, StationaryResult, bound_error,
+                        closed_classes, gth, residual, stationary_distribution, throughput_bound)
 
 __all__ = [
     "Chain", "DTMCError", "StateLimitExceeded", "StationaryResult", "ChainSolution",
     "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain",
+    "bound_error", "throughput_bound", "gth", "ACCURACY_TARGET", "ACCURACY_TOL",
     "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
 ]
 
@@ -46,6 +48,16 @@ class ChainSolution:
     solve_seconds: float
     bytes_used: int
     pi: np.ndarray | None = None
+    # bounds on the relative error of every recurrent pi component and of the throughput (and of the
+    # other ratios: mean waiting, arrival rates, admission latencies); inf when none could be established
+    pi_error_bound: float = float("inf")
+    throughput_error_bound: float = float("inf")
+    bound_method: str = ""
+
+    @property
+    def accuracy_ok(self) -> bool:
+        """Whether the throughput is bounded within ``ACCURACY_TOL`` (1e-6) relative."""
+        return bool(self.throughput_error_bound <= ACCURACY_TOL)
 
     @property
     def seconds(self) -> float:
@@ -63,10 +75,19 @@ def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEF
     thr = throughput_per_quantum(pi, chain.g, chain.tau)
     mw = mean_waiting(pi, chain.tau, chain.waiting)
     lam = arrival_rate_per_quantum(pi, chain.tau, chain.arrivals)
+    if st.pi_alt is not None:
+        # no proven bound: ten times the difference of two independent GTH solves (an estimate)
+        alt = throughput_per_quantum(st.pi_alt, chain.g, chain.tau)
+        thr_bound = float(10.0 * abs(thr - alt) / max(abs(thr), 1e-300) + 1e-15)
+    else:
+        thr_bound = throughput_bound(st.error_bound, st.n_recurrent)
     t1 = time.perf_counter()
     return ChainSolution(N=chain.N, B=chain.B, throughput_per_quantum=thr, mean_waiting=mw,
                          arrival_rate_per_quantum=lam, states=chain.n_states, transitions=chain.n_transitions,
                          recurrent_states=st.n_recurrent, residual=st.residual, solver=st.solver,
                          iterations=st.iterations, build_seconds=chain.build_seconds,
                          assembly_seconds=chain.assembly_seconds, solve_seconds=t1 - t0,
-                         bytes_used=chain.bytes_used, pi=pi if keep_pi else None)
+                         bytes_used=chain.bytes_used, pi=pi if keep_pi else None,
+                         pi_error_bound=st.error_bound,
+                         throughput_error_bound=thr_bound,
+                         bound_method=st.bound_method)

@@ -22,6 +22,8 @@ constant set), needed because packed keys differ only in a few low bits.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -553,3 +555,406 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
                 if stalled >= 4:
                     break
     return it, res
+
+
+# ---------------------------------------------------------------------------
+# GTH (Grassmann-Taksar-Heyman) state reduction and the a-posteriori tree bound
+# ---------------------------------------------------------------------------
+
+UNIT_ROUNDOFF = 2.0 ** -53
+SMALLEST_NORMAL = 2.2250738585072014e-308
+GTH_OK = 0
+GTH_REDUCIBLE = 1
+
+
+@njit(cache=True)
+def _gamma(m):
+    """``gamma_m = m u / (1 - m u)``: the relative error bound of m chained roundings."""
+    mu = m * UNIT_ROUNDOFF
+    return mu / (1.0 - mu)
+
+
+@njit(cache=True)
+def gth_envelope(indptr, indices):
+    """Variable-band envelope of the symmetrised pattern of a CSR matrix.
+
+    ``lo[i]`` is the smallest column ``j <= i`` linked to ``i`` (either
+    direction); ``hi[k] = max(k, max{i : lo[i] <= k})`` (non-decreasing).  Row
+    ``i`` of the elimination is stored densely over columns ``lo[i]..hi[i]``;
+    eliminating states in index order creates fill only inside this band.
+    """
+    n = indptr.shape[0] - 1
+    lo = np.arange(n)
+    for i in range(n):
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            if j < i:
+                if j < lo[i]:
+                    lo[i] = j
+            elif j > i:
+                if i < lo[j]:
+                    lo[j] = i
+    best = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        if i > best[lo[i]]:
+            best[lo[i]] = i
+    hi = np.empty(n, dtype=np.int64)
+    run = -1
+    for k in range(n):
+        if best[k] > run:
+            run = best[k]
+        hi[k] = run if run > k else k
+    return lo, hi
+
+
+@njit(cache=True)
+def gth_work(lo, hi):
+    """``(multiply-adds upper bound, stored entries)`` of :func:`gth_solve` on this envelope."""
+    n = lo.shape[0]
+    work = 0.0
+    stored = 0
+    for k in range(n):
+        c = float(hi[k] - k)
+        work += c * c
+        stored += hi[k] - lo[k] + 1
+    return work, stored
+
+
+@njit(cache=True)
+def gth_solve(indptr, indices, data, lo, hi):
+    """Stationary vector of an irreducible chain by GTH state reduction (subtraction-free).
+
+    ``indptr/indices/data``: CSR of the transition matrix in elimination order
+    (diagonal ignored: the out-rate of a state is the sum of its off-diagonal
+    entries, never ``1 - T_kk``).  States ``0..n-2`` are eliminated in order;
+    eliminating k turns the chain into the chain watched only on the states
+    left (censoring): ``A_ij += A_ik A_kj / s_k`` with ``s_k = sum_{j>k} A_kj``.
+    Back-substitution ``x_k = sum_{i>k} x_i A_ik / s_k`` then recovers the
+    stationary vector.  Every operation adds or multiplies non-negative
+    numbers, so each result carries a small *relative* error whatever the
+    conditioning of the chain.
+
+    Returns ``(status, x, log_bound, flops, underflows, rescaled)``: ``x``
+    normalised; ``log_bound`` bounds ``|ln(x_j / pi_j)|`` for every j by
+    summing, per eliminated state with ``p`` predecessors and ``m``
+    successors, ``p gamma_{m+2}`` (the censored chain's updated entries carry
+    relative error ``gamma_{m+2}``, and a spanning tree holds at most p of
+    them: Markov chain tree theorem) and ``gamma_{p+m+1}`` (back-substitution),
+    then doubling for the normalisation.  Subnormal terms cost at most one
+    more u when they land in a normal sum; ``underflows`` counts entries and
+    components that stayed below the smallest normal double, which voids the
+    bound.  ``rescaled`` says whether the back-substitution had to rescale
+    (the stationary vector spans more than 1e250).
+    """
+    n = indptr.shape[0] - 1
+    off = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        off[i + 1] = off[i] + (hi[i] - lo[i] + 1)
+    A = np.zeros(off[n], dtype=np.float64)
+    for i in range(n):
+        base = off[i] - lo[i]
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            if j != i:
+                A[base + j] += data[q]
+    s = np.zeros(n, dtype=np.float64)
+    succ_j = np.empty(n, dtype=np.int64)
+    succ_b = np.empty(n, dtype=np.float64)
+    log_bound = 0.0
+    flops = 0
+    under = 0
+    x = np.zeros(n, dtype=np.float64)
+    for k in range(n - 1):
+        base_k = off[k] - lo[k]
+        sk = 0.0
+        ns = 0
+        for j in range(k + 1, hi[k] + 1):
+            b = A[base_k + j]
+            if b > 0.0:
+                sk += b
+                succ_j[ns] = j
+                succ_b[ns] = b
+                ns += 1
+        if not sk > 0.0:
+            return GTH_REDUCIBLE, x, np.inf, flops, under, False
+        s[k] = sk
+        npred = 0
+        for i in range(k + 1, hi[k] + 1):
+            if lo[i] <= k:
+                base_i = off[i] - lo[i]
+                a = A[base_i + k]
+                if a > 0.0:
+                    npred += 1
+                    f = a / sk
+                    for t in range(ns):
+                        j = succ_j[t]
+                        if j != i:
+                            # a subnormal term is off by up to 2^-1075, i.e. by at most u of a normal sum
+                            # (hence gamma_{m+3} below); a sum that stays subnormal voids the bound
+                            v = A[base_i + j] + f * succ_b[t]
+                            if v < SMALLEST_NORMAL:
+                                under += 1
+                            A[base_i + j] = v
+                    flops += ns
+        log_bound += npred * _gamma(ns + 3) + _gamma(2 * npred + ns + 1)
+    rescaled = False
+    x[n - 1] = 1.0
+    for k in range(n - 2, -1, -1):
+        acc = 0.0
+        for i in range(k + 1, hi[k] + 1):
+            if lo[i] <= k:
+                a = A[off[i] - lo[i] + k]
+                if a > 0.0:
+                    acc += x[i] * a
+        xk = acc / s[k]
+        if xk < SMALLEST_NORMAL:
+            under += 1
+        x[k] = xk
+        if xk > 1e250:
+            # the stationary vector spans more than 1e250: scale down what is computed so far
+            rescaled = True
+            for i in range(k, n):
+                x[i] *= 1e-250
+                if 0.0 < x[i] < SMALLEST_NORMAL:
+                    under += 1
+    tot = 0.0
+    for i in range(n):
+        tot += x[i]
+    for i in range(n):
+        x[i] /= tot
+        if x[i] < SMALLEST_NORMAL:
+            under += 1
+    return GTH_OK, x, 2.0 * log_bound + _gamma(n), flops, under, rescaled
+
+
+@njit(cache=True)
+def _two_sum(a, b):
+    """``(s, e)`` with ``s = fl(a + b)`` and ``a + b = s + e`` exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+@njit(cache=True)
+def _two_prod(a, b):
+    """``(p, e)`` with ``p = fl(a b)`` and ``a b = p + e`` exactly barring underflow (Dekker's split)."""
+    p = a * b
+    c = 134217729.0 * a
+    ah = c - (c - a)
+    al = a - ah
+    c = 134217729.0 * b
+    bh = c - (c - b)
+    bl = b - bh
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+@njit(cache=True)
+def _find(uf, a):
+    while uf[a] != a:
+        uf[a] = uf[uf[a]]
+        a = uf[a]
+    return a
+
+
+@njit(cache=True)
+def _max_flow_tree(indptr, indices, data, x):
+    """A spanning tree of (nearly) maximal one-way flows ``x_i T_ij`` (Kruskal on bucketed flows).
+
+    Edges are bucketed by flow in steps of 2^(1/4) (a counting sort, linear
+    time) and added in decreasing buckets while they join two components, so
+    every edge across the cut that a tree edge closes carries at most 2^(1/4)
+    times that edge's flow.  Returns ``(order, parent, w)``: states in
+    breadth-first order of the tree from state 0 (parents first; shorter
+    than n when the graph is disconnected), each state's parent and a lower
+    bound on the flow of the edge to it.
+    """
+    n = indptr.shape[0] - 1
+    nnz = indptr[n]
+    SUB = 4
+    NB = 2200 * SUB
+    bucket = np.full(nnz, -1, dtype=np.int64)
+    count = np.zeros(NB + 1, dtype=np.int64)
+    for i in range(n):
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            if j != i:
+                wq = x[i] * data[q]
+                if wq > 0.0:
+                    m, e = math.frexp(wq)
+                    # larger flows get smaller bucket numbers
+                    b = (1100 - e) * SUB + (SUB - 1 - int((m - 0.5) * 2 * SUB))
+                    if b < 0:
+                        b = 0
+                    elif b >= NB:
+                        b = NB - 1
+                    bucket[q] = b
+                    count[b + 1] += 1
+    for b in range(NB):
+        count[b + 1] += count[b]
+    eq = np.empty(count[NB], dtype=np.int64)
+    erow = np.empty(count[NB], dtype=np.int64)
+    for i in range(n):
+        for q in range(indptr[i], indptr[i + 1]):
+            b = bucket[q]
+            if b >= 0:
+                eq[count[b]] = q
+                erow[count[b]] = i
+                count[b] += 1
+    uf = np.arange(n)
+    usz = np.ones(n, dtype=np.int64)
+    ta = np.empty(n, dtype=np.int64)
+    tb = np.empty(n, dtype=np.int64)
+    tw = np.empty(n, dtype=np.float64)
+    ne = 0
+    for t in range(eq.shape[0]):
+        if ne == n - 1:
+            break
+        i = erow[t]
+        q = eq[t]
+        j = indices[q]
+        ri = _find(uf, i)
+        rj = _find(uf, j)
+        if ri != rj:
+            if usz[ri] > usz[rj]:
+                ri, rj = rj, ri
+            uf[ri] = rj
+            usz[rj] += usz[ri]
+            ta[ne] = i
+            tb[ne] = j
+            tw[ne] = x[i] * data[q] * (1.0 - _gamma(1))
+            ne += 1
+    # root the tree at state 0 (breadth-first)
+    deg = np.zeros(n + 1, dtype=np.int64)
+    for e in range(ne):
+        deg[ta[e] + 1] += 1
+        deg[tb[e] + 1] += 1
+    for i in range(n):
+        deg[i + 1] += deg[i]
+    adj = np.empty(2 * ne, dtype=np.int64)
+    adjw = np.empty(2 * ne, dtype=np.float64)
+    fillp = deg[:n].copy()
+    for e in range(ne):
+        adj[fillp[ta[e]]] = tb[e]
+        adjw[fillp[ta[e]]] = tw[e]
+        fillp[ta[e]] += 1
+        adj[fillp[tb[e]]] = ta[e]
+        adjw[fillp[tb[e]]] = tw[e]
+        fillp[tb[e]] += 1
+    parent = np.full(n, -1, dtype=np.int64)
+    w = np.zeros(n, dtype=np.float64)
+    order = np.empty(n, dtype=np.int64)
+    seen = np.zeros(n, dtype=np.bool_)
+    order[0] = 0
+    seen[0] = True
+    w[0] = np.inf
+    head = 0
+    no = 1
+    while head < no:
+        v = order[head]
+        head += 1
+        for t in range(deg[v], deg[v + 1]):
+            c = adj[t]
+            if not seen[c]:
+                seen[c] = True
+                parent[c] = v
+                w[c] = adjw[t]
+                order[no] = c
+                no += 1
+    return order[:no], parent, w
+
+
+@njit(cache=True)
+def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
+    """A-posteriori bound on ``max_j |ln(x_j / pi_j)|`` for any approximation ``x`` (normalised).
+
+    ``indptr/indices/data``: CSR of T; ``t*``: CSR of its transpose.  The
+    flow imbalance of each state, ``f_j = sum_{i!=j} x_i T_ij - x_j sum_{i!=j}
+    T_ji``, is moved along a spanning tree (each state's parent is the
+    lower-numbered neighbour that exchanges the most flow with it): the edge
+    to the parent of j must carry the imbalance ``F_j`` of j's subtree, which
+    rescales that transition by a factor ``1 + eps_j`` with ``|eps_j| <=
+    |F_j| / w_j`` (``w_j``: its flow).  ``x`` is then exactly stationary for the perturbed chain, and by
+    the Markov chain tree theorem (each stationary weight is a sum over
+    spanning trees of products with one outgoing edge per state) every
+    ``x_j / pi_j`` lies within ``exp(+-2 E)``, ``E = sum_a max_{e at a}
+    -ln(1 - eps_e)``.  Rounding in ``f`` and the subtree sums is bounded and
+    added to ``|F_j|``; a subtree's imbalance is also bounded from the other
+    side of the edge (it is minus the imbalance of the rest).
+
+    Returns ``(E, status)``: ``status`` 0, or 1 when the graph is not
+    connected (E is then inf).  E is inf
+    when some ``eps >= 1`` (the approximation cannot be certified).
+    """
+    n = indptr.shape[0] - 1
+    f = np.zeros(n, dtype=np.float64)
+    beta = np.zeros(n, dtype=np.float64)
+    u2 = UNIT_ROUNDOFF * UNIT_ROUNDOFF
+    for j in range(n):
+        # in- and outflow in double-double (error-free products and sums), so that the rounding left
+        # in f_j is ~u^2 of the flows: subtree sums of f must resolve weak links carrying 1e-20 of the flow
+        sh = 0.0
+        sl = 0.0
+        mo = 0
+        for q in range(indptr[j], indptr[j + 1]):
+            if indices[q] != j:
+                sh, e = _two_sum(sh, data[q])
+                sl += e
+                mo += 1
+        oh, ol = _two_prod(x[j], sh)
+        ol += x[j] * sl
+        ih = 0.0
+        il = 0.0
+        mi = 0
+        for q in range(tindptr[j], tindptr[j + 1]):
+            i = tindices[q]
+            if i != j:
+                ph, pl = _two_prod(x[i], tdata[q])
+                ih, e = _two_sum(ih, ph)
+                il += e + pl
+                mi += 1
+        dh, e = _two_sum(ih, -oh)
+        f[j] = dh + (e + (il - ol))
+        m = mi + mo + 4
+        # (+ the absolute error of products that fell below the normal range, 2^-1074 each)
+        beta[j] = 4.0 * m * m * u2 * (ih + oh) + UNIT_ROUNDOFF * abs(f[j]) + 4.0 * m * 2.0 ** -1074
+    order, parent, w = _max_flow_tree(indptr, indices, data, x)
+    if order.shape[0] < n:
+        return np.inf, 1
+    # subtree sums of the imbalances (F), of their rounding bounds (Bb) and of the rounding of these sums (Se)
+    F = f.copy()
+    Bb = beta.copy()
+    Se = np.zeros(n, dtype=np.float64)
+    for t in range(n - 1, 0, -1):
+        j = order[t]
+        p = parent[j]
+        F[p] += F[j]
+        Bb[p] += Bb[j]
+        Se[p] += Se[j] + UNIT_ROUNDOFF * abs(F[p])
+    root = order[0]
+    tot_F = F[root]
+    tot_B = Bb[root]
+    g_n = _gamma(n + 2)
+    m = np.zeros(n, dtype=np.float64)
+    for t in range(1, n):
+        j = order[t]
+        # |true subtree imbalance| from this side, or as minus the imbalance of the rest
+        side = abs(F[j]) + Bb[j] * (1.0 + g_n) + Se[j] * (1.0 + g_n)
+        other = (abs(tot_F - F[j]) + (tot_B - Bb[j]) + g_n * tot_B + 2.0 * Se[root]
+                 + UNIT_ROUNDOFF * (abs(tot_F) + abs(F[j]))) * (1.0 + g_n)
+        imb = side if side < other else other
+        if not w[j] > 0.0:
+            return np.inf, 0
+        eps = imb / w[j]
+        if eps > m[j]:
+            m[j] = eps
+        p = parent[j]
+        if eps > m[p]:
+            m[p] = eps
+    E = 0.0
+    for a in range(n):
+        if m[a] >= 1.0:
+            return np.inf, 0
+        E += -np.log1p(-m[a])
+    return 2.0 * E * (1.0 + 1e-12), 0

@@ -58,13 +58,22 @@ from scipy.sparse.csgraph import connected_components
 from dtmc import _kernels as K
 from dtmc.chain import DTMCError
 
-SOLVERS = ("auto", "anderson", "gauss-seidel", "direct", "power")
+SOLVERS = ("auto", "anderson", "gauss-seidel", "gth", "direct", "power")
 DEFAULT_TOL = 1e-13  # on max|pi T - pi| / max(pi)
 # An iterate that stalls (rounding floor) is accepted when its relative residual is below this;
 # its residual is reported as usual, and the solver name says so.
 FLOOR_TOL = 1e-11
 # Above this many states the direct LU fallback would take minutes and many GiB: refuse instead.
 DIRECT_FALLBACK_LIMIT = 300_000
+# ``auto`` re-solves with GTH when the throughput error bound of the iterate exceeds ACCURACY_TARGET and
+# GTH is cheap (band work <= GTH_CHEAP_WORK multiply-adds, milliseconds), or when it exceeds ACCURACY_TOL
+# and GTH fits at all (band work <= GTH_MAX_WORK, ~seconds, and GTH_MAX_BYTES).  A result whose
+# throughput bound exceeds ACCURACY_TOL is flagged (accuracy_ok False).
+ACCURACY_TARGET = 1e-9
+ACCURACY_TOL = 1e-6
+GTH_CHEAP_WORK = 2e7
+GTH_MAX_WORK = 3e9
+GTH_MAX_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,12 @@ class StationaryResult:
     seconds: float
     n_recurrent: int
     n_transient: int
+    # bound on max_j |pi_j / pi*_j - 1| over the recurrent states (pi* the exact stationary vector of
+    # the chain as stored); inf when none could be established
+    error_bound: float = float("inf")
+    bound_method: str = ""
+    # a second GTH solve in another elimination order, when the bound is only an estimate from the two
+    pi_alt: np.ndarray | None = None
 
 
 def closed_classes(T: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -128,11 +143,15 @@ def _power(T: sp.csr_matrix, tol: float, max_iter: int) -> tuple[np.ndarray, int
 
 def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float = DEFAULT_TOL,
                             max_sweeps: int = 5_000, x0: np.ndarray | None = None) -> StationaryResult:
-    """Stationary distribution of the chain restricted to its unique closed class.
+    """Stationary distribution of the chain restricted to its unique closed class, with an error bound.
 
     ``T`` must be row-stochastic.  ``x0`` (optional) warm-starts the iterative
-    solvers.  Raises :class:`DTMCError` when the chain has several closed
-    classes or the solver is unknown.
+    solvers.  ``error_bound`` bounds the relative error of every recurrent
+    component (see :func:`bound_error`, and :func:`gth` for the GTH bound).
+    With ``solver="auto"`` an iterate whose bound would leave the throughput
+    error above ``ACCURACY_TARGET`` is replaced by a GTH solve when GTH fits
+    (``GTH_MAX_WORK``, ``GTH_MAX_BYTES``).  Raises :class:`DTMCError` when the
+    chain has several closed classes or the solver is unknown.
     """
     if solver not in SOLVERS:
         raise DTMCError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
@@ -145,45 +164,214 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
                         f"initial state, so no single stationary distribution exists")
     rec = np.flatnonzero(labels == cls[0])
     sub = T if rec.size == n else T[rec][:, rec].tocsr()
-    pi_sub, used, iters = _solve_irreducible(sub, solver, tol, max_sweeps,
-                                             None if x0 is None else np.asarray(x0, dtype=np.float64)[rec])
+    sub.sort_indices()
+    TT = sub.T.tocsr()
+    TT.sort_indices()
+    pi_sub, used, iters, log_bound, how, alt = _solve_irreducible(
+        sub, TT, solver, tol, max_sweeps, None if x0 is None else np.asarray(x0, dtype=np.float64)[rec])
     pi = np.zeros(n)
     pi[rec] = pi_sub
-    res = residual(T, pi)
+    pi_alt = None
+    bound = float(np.expm1(log_bound))
+    if alt is not None:
+        pi_alt = np.zeros(n)
+        pi_alt[rec] = alt
+        # an estimate, not a bound: ten times the l1 distance of two GTH solves in different orders
+        bound = float(10.0 * np.abs(pi_sub - alt).sum() + 1e-15)
+    res = _residual_tt(TT, pi_sub) if rec.size == n else residual(T, pi)
     return StationaryResult(pi=pi, residual=res, solver=used, iterations=iters,
                             seconds=time.perf_counter() - t0, n_recurrent=int(rec.size),
-                            n_transient=int(n - rec.size))
+                            n_transient=int(n - rec.size), error_bound=bound, bound_method=how,
+                            pi_alt=pi_alt)
 
 
-def _solve_irreducible(T: sp.csr_matrix, solver: str, tol: float, max_sweeps: int, x0):
+def throughput_bound(pi_error_bound: float, n: int) -> float:
+    """Relative error bound of a ratio ``sum(pi a) / sum(pi b)`` (a, b >= 0) given the pi bound.
+
+    Each sum moves by a factor within ``exp(+-L)``, ``L = ln(1 + bound)``
+    (the bound is on ``|pi_j/pi*_j - 1|``, and ``ln(1 - e) >= -L`` needs
+    ``e <= 1 - exp(-L)``, which holds for the tree and GTH bounds, both of
+    log form), and each sum's own rounding by ``gamma_n``.
+    """
+    if not np.isfinite(pi_error_bound):
+        return float("inf")
+    g = n * 2.0 ** -53 / (1.0 - n * 2.0 ** -53)
+    return float(np.expm1(2.0 * np.log1p(pi_error_bound) + 4.0 * g))
+
+
+def bound_error(T: sp.csr_matrix, pi: np.ndarray) -> float:
+    """A-posteriori bound on ``max_j |pi_j / pi*_j - 1|`` for an approximation ``pi`` of an irreducible chain.
+
+    The tree bound of :func:`dtmc._kernels.tree_bound`: the imbalances of
+    ``pi`` are routed along a spanning tree, which makes ``pi`` the exact
+    stationary vector of a chain whose transitions differ from ``T``'s by
+    known relative factors; the Markov chain tree theorem turns those into a
+    relative bound on every component.  It is inf when ``pi`` cannot be
+    certified (e.g. a slowly mixing chain whose weak links carry less flow
+    than the imbalances).
+    """
+    T = T.tocsr()
+    T.sort_indices()
+    TT = T.T.tocsr()
+    return float(np.expm1(_tree_log_bound(T, TT, np.asarray(pi, dtype=np.float64))))
+
+
+def _i64(a):
+    return a.astype(np.int64, copy=False)
+
+
+def _tree_log_bound(T, TT, x) -> float:
     n = T.shape[0]
     if n == 1:
-        return np.ones(1), solver if solver != "auto" else "direct", 0
-    if solver == "direct":
-        return _direct(T), "direct", 1
-    if solver == "power":
-        x, it = _power(T, tol, max_sweeps * 10)
-        return x, "power", it
+        return 0.0
+    L, status = K.tree_bound(_i64(T.indptr), _i64(T.indices), T.data, _i64(TT.indptr), _i64(TT.indices),
+                             TT.data, x)
+    return float(L) if status == 0 else float("inf")
+
+
+def _residual_tt(TT, pi) -> float:
+    if not pi.size:
+        return 0.0
+    return float(K.residual_max(_i64(TT.indptr), _i64(TT.indices), TT.data, pi))
+
+
+def gth_plan(T: sp.csr_matrix, limit: float | None = None) -> tuple[np.ndarray | None, float, int]:
+    """Elimination order for GTH and its cost: ``(order or None for the given one, work, bytes)``.
+
+    The states' own (breadth-first) order and reverse Cuthill-McKee of the
+    symmetrised pattern are compared by the multiply-adds of the band each
+    leaves (an upper estimate), and the cheaper one is returned.  With a
+    ``limit``, RCM is tried only when the given order's work is above it but
+    within ``100 * limit`` (RCM rarely gains more, and costs a few passes
+    over the matrix).
+    """
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    T = T.tocsr()
+    lo, hi = K.gth_envelope(_i64(T.indptr), _i64(T.indices))
+    work, stored = K.gth_work(lo, hi)
+    best = (None, float(work), int(stored) * 8)
+    if T.shape[0] > 2 and (limit is None or limit < work <= 100 * limit):
+        sym = (T + T.T).tocsr()
+        order = reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64)
+        Tp = T[order][:, order].tocsr()
+        lo2, hi2 = K.gth_envelope(_i64(Tp.indptr), _i64(Tp.indices))
+        work2, stored2 = K.gth_work(lo2, hi2)
+        if work2 < work:
+            best = (order, float(work2), int(stored2) * 8)
+    return best
+
+
+def gth_fits(T: sp.csr_matrix) -> bool:
+    """Whether GTH's band fits ``GTH_MAX_WORK`` and ``GTH_MAX_BYTES`` for this (irreducible) chain."""
+    _, work, nbytes = gth_plan(T)
+    return work <= GTH_MAX_WORK and nbytes <= GTH_MAX_BYTES
+
+
+def gth(T: sp.csr_matrix, plan=None) -> tuple[np.ndarray, float, str, np.ndarray | None]:
+    """GTH stationary vector of an irreducible chain: ``(pi, log_bound, how, pi_alt)``.
+
+    ``log_bound`` bounds ``|ln(pi_j / pi*_j)|``: the a-priori bound the
+    elimination accumulates (see :func:`dtmc._kernels.gth_solve`), or, when
+    underflow voided it, the a-posteriori tree bound; the smaller of the two
+    otherwise.  When neither exists (the stationary vector spans more than
+    the double range, so some components cannot be represented relatively),
+    GTH is run again in a second elimination order and ``pi_alt`` is
+    returned: the caller estimates the error from the two (``how`` then
+    says "estimate").
+    """
+    T = T.tocsr()
+    T.sort_indices()
+    n = T.shape[0]
+    plan = plan if plan is not None else gth_plan(T)
+    pi, a_priori = _gth_once(T, plan[0])
     TT = T.T.tocsr()
     TT.sort_indices()
+    post = _tree_log_bound(T, TT, pi)
+    L = min(a_priori, post)
+    if np.isfinite(L):
+        return pi, L, ("gth rounding analysis" if a_priori <= post else "tree bound"), None
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    other = (reverse_cuthill_mckee((T + T.T).tocsr(), symmetric_mode=True).astype(np.int64)
+             if plan[0] is None else None)
+    A = T if other is None else T[other][:, other].tocsr()
+    lo, hi = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
+    work, stored = K.gth_work(lo, hi)
+    if work > max(GTH_MAX_WORK, 2.0 * plan[1]) or stored * 8 > GTH_MAX_BYTES:
+        return pi, float("inf"), "none (GTH underflow, no second order fits)", None
+    pi_alt, _ = _gth_once(T, other)
+    return pi, float("inf"), "estimate: two GTH orders", pi_alt
+
+
+def _gth_once(T, order) -> tuple[np.ndarray, float]:
+    n = T.shape[0]
+    A = T if order is None else T[order][:, order].tocsr()
+    A.sort_indices()
+    lo, hi = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
+    status, x, L, _flops, under, _rescaled = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo, hi)
+    if status != K.GTH_OK:
+        raise DTMCError("GTH elimination met a state with no way out of the states left: the chain is not "
+                        "irreducible (internal error: the recurrent class should be)")
+    if order is not None:
+        pi = np.empty(n)
+        pi[order] = x
+    else:
+        pi = x
+    return pi, (float(L) if under == 0 else float("inf"))
+
+
+def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: float, max_sweeps: int, x0):
+    """``(pi, solver used, iterations, log bound, bound method, second GTH solve or None)``."""
+    n = T.shape[0]
+    if n == 1:
+        return np.ones(1), solver if solver != "auto" else "direct", 0, 0.0, "exact (one state)", None
+    if solver == "gth":
+        x, L, how, alt = gth(T)
+        return x, "gth", 1, L, how, alt
+    if solver == "direct":
+        x = _direct(T)
+        return x, "direct", 1, _tree_log_bound(T, TT, x), "tree bound", None
+    if solver == "power":
+        x, it = _power(T, tol, max_sweeps * 10)
+        return x, "power", it, _tree_log_bound(T, TT, x), "tree bound", None
     if solver in ("auto", "anderson"):
         x, it, res = _anderson(TT, tol, max_sweeps, x0)
         if res <= tol * x.max():
-            return x, "anderson", it
-        if res <= max(tol, FLOOR_TOL) * x.max():
-            return x, "anderson (stopped at the rounding floor)", it
-        if solver == "anderson" or n > DIRECT_FALLBACK_LIMIT:
+            used = "anderson"
+        elif res <= max(tol, FLOOR_TOL) * x.max():
+            used = "anderson (stopped at the rounding floor)"
+        elif solver == "anderson":
             raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
-                            f"sweeps (relative residual {res / x.max():.3g}); loosen --tol"
-                            + ("" if n > DIRECT_FALLBACK_LIMIT else " or use solver 'direct'"))
-        return _direct(T), "direct (after anderson)", it
+                            f"sweeps (relative residual {res / x.max():.3g}); loosen --tol or use solver 'gth'")
+        else:
+            used = None
+        if used is not None:
+            L = _tree_log_bound(T, TT, x)
+            tb = throughput_bound(float(np.expm1(L)), n)
+            if solver == "anderson" or tb <= ACCURACY_TARGET:
+                return x, used, it, L, "tree bound", None
+            limit = GTH_MAX_WORK if tb > ACCURACY_TOL else GTH_CHEAP_WORK
+        else:
+            limit = GTH_MAX_WORK
+        # auto: the iterate is not bounded tightly enough (or did not converge): GTH where it fits
+        plan = gth_plan(T, limit)
+        if plan[1] <= limit and plan[2] <= GTH_MAX_BYTES:
+            xg, Lg, how, alt = gth(T, plan)
+            if used is None or Lg <= L or alt is not None:
+                return xg, f"gth (after {'anderson' if used is None else used.split(' ')[0]})", it, Lg, how, alt
+        if used is not None:
+            return x, used, it, L, "tree bound", None
+        if n > DIRECT_FALLBACK_LIMIT:
+            raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
+                            f"sweeps (relative residual {res / x.max():.3g}) and the chain is too large for "
+                            f"GTH or LU; loosen --tol")
+        xd = _direct(T)
+        return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", None
     x = _start_vector(n, x0)
-    sweeps, res = K.gauss_seidel(TT.indptr.astype(np.int64), TT.indices.astype(np.int64), TT.data,
-                                 x, float(tol), int(max_sweeps), 10)
+    sweeps, res = K.gauss_seidel(_i64(TT.indptr), _i64(TT.indices), TT.data, x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
-        return x, "gauss-seidel", int(sweeps)
+        return x, "gauss-seidel", int(sweeps), _tree_log_bound(T, TT, x), "tree bound", None
     raise DTMCError(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "
-                    f"(residual {res:.3g}); use solver 'direct' or 'auto'")
+                    f"(residual {res:.3g}); use solver 'gth' or 'auto'")
 
 
 def _start_vector(n: int, x0) -> np.ndarray:
@@ -195,6 +383,6 @@ def _start_vector(n: int, x0) -> np.ndarray:
 
 def _anderson(TT: sp.csr_matrix, tol: float, max_sweeps: int, x0, m: int = 4, check_every: int = 5):
     x = _start_vector(TT.shape[0], x0)
-    it, res = K.anderson_gs(TT.indptr.astype(np.int64), TT.indices.astype(np.int64), TT.data, x,
+    it, res = K.anderson_gs(_i64(TT.indptr), _i64(TT.indices), TT.data, x,
                             float(tol), int(max_sweeps), int(m), int(check_every))
     return x, int(it), float(res)

@@ -64,6 +64,10 @@ def evaluation_key(spec: SystemSpec, N: int, B, solver: str, tol: float, max_sta
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def _bound(x) -> float:
+    return float("inf") if x is None else float(x)
+
+
 class ResultCache:
     """A folder of cached :class:`Evaluation` results."""
 
@@ -92,7 +96,10 @@ class ResultCache:
                 admission_latency_ms=tuple(float("nan") if x is None else x for x in d["admission_latency_ms"]),
                 per_request_tok_s=d["per_request_tok_s"], iterations=d.get("iterations", 0),
                 recurrent_states=d.get("recurrent_states", 0), bytes_used=d.get("bytes_used", 0),
-                delta_ms=d.get("delta_ms", 0.1), cached=True)
+                delta_ms=d.get("delta_ms", 0.1), cached=True,
+                pi_error_bound=_bound(d.get("pi_error_bound")),
+                throughput_error_bound=_bound(d.get("throughput_error_bound")),
+                bound_method=d.get("bound_method", ""))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

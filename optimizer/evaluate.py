@@ -3,6 +3,11 @@
 Throughput in tokens/s is ``T(B) * 1000 / delta_ms`` (see :mod:`dtmc.reward`);
 per-request speed is throughput / N; the mean admission latency of model i
 (Little's law) is ``mean_waiting_i / arrival_rate_i``, converted to ms.
+
+Every evaluation carries ``throughput_error_bound`` (relative; it also bounds
+the mean waiting and arrival rates, each a ratio of the same kind, and so the
+admission latencies to about twice it), ``pi_error_bound`` and
+``accuracy_ok`` (bound <= 1e-6); see :mod:`dtmc.solve`.
 """
 
 from __future__ import annotations
@@ -41,6 +46,16 @@ class Evaluation:
     delta_ms: float = 0.1
     roundings: tuple = field(default=(), compare=False)
     cached: bool = field(default=False, compare=False)
+    # accuracy (issue 13): bounds on the l1 error of pi and on the relative error of the throughput (and of
+    # the other ratios: waiting, latencies), how they were obtained; inf/"" when unknown (old cache entries)
+    pi_error_bound: float = float("inf")
+    throughput_error_bound: float = float("inf")
+    bound_method: str = ""
+
+    @property
+    def accuracy_ok(self) -> bool:
+        """Whether the throughput is bounded within ``dtmc.ACCURACY_TOL`` (1e-6) relative."""
+        return bool(self.throughput_error_bound <= dtmc.ACCURACY_TOL)
 
     def to_dict(self) -> dict:
         return {
@@ -116,7 +131,9 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         per_request_tok_s=float(thr) / int(N), iterations=sol.iterations,
         recurrent_states=sol.recurrent_states, bytes_used=sol.bytes_used,
         build_seconds=sol.build_seconds, assembly_seconds=sol.assembly_seconds,
-        solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=tuple(roundings))
+        solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=tuple(roundings),
+        pi_error_bound=float(sol.pi_error_bound), throughput_error_bound=float(sol.throughput_error_bound),
+        bound_method=sol.bound_method)
     if cache is not None and key is not None:
         cache.put(key, ev)
     return ev

@@ -66,7 +66,15 @@ class Evaluation:
             "states": self.states, "transitions": self.transitions, "recurrent_states": self.recurrent_states,
             "residual": self.residual, "solver": self.solver, "iterations": self.iterations,
             "seconds": self.seconds, "bytes_used": self.bytes_used, "cached": self.cached,
+            "pi_error_bound": _finite_or_none(self.pi_error_bound),
+            "throughput_error_bound": _finite_or_none(self.throughput_error_bound),
+            "bound_method": self.bound_method, "accuracy_ok": self.accuracy_ok,
         }
+
+
+def _finite_or_none(x: float):
+    """JSON has no infinity: an unknown bound is written as null."""
+    return float(x) if np.isfinite(x) else None
 
 
 def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:

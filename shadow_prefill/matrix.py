@@ -16,7 +16,11 @@ A routing-benchmark matrix (the format of LLMRouter's preprocessed data, e.g.
   dollars per million tokens; ``size`` (optional) orders a pair into its small
   and large model.
 
-Errors name the file and the line the offending entry starts on.
+Errors name the file, the line the offending entry starts on and the field.
+Every field is checked for its JSON type (a string where a number belongs is
+refused, never converted), finiteness and range; a score or price is a JSON
+number, a question a string; files may be gzip'ed (``.gz``), and one cut short
+is reported as such.
 
 The accuracy-per-cost policy (LLMRouter's, as the ShadowPrefill paper replays
 it) sends a query to the model with the highest score per dollar, where the
@@ -39,6 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from shadow_prefill.errors import InputFileError, ShadowError
+from shadow_prefill.inputs import short_repr, check_float, parse_json_value, read_input_text
 
 __all__ = ["RoutingMatrix", "load_matrix", "load_prices", "route_accuracy_per_cost", "ModelPrice", "parse_size_b"]
 
@@ -100,13 +105,18 @@ def parse_size_b(size: Any) -> float | None:
     if size is None or isinstance(size, bool):
         return None
     if isinstance(size, (int, float)):
-        return float(size) if math.isfinite(size) and size > 0 else None
-    m = _SIZE_RE.match(str(size))
+        try:
+            v = float(size)
+        except OverflowError:  # an integer too large for a float
+            return None
+        return v if math.isfinite(v) and v > 0 else None
+    m = _SIZE_RE.match(str(size)[:64])
     if not m:
         return None
     v = float(m.group(1))
     unit = m.group(2).upper()
-    return v * {"": 1.0, "B": 1.0, "M": 1e-3, "K": 1e-6, "T": 1e3}[unit]
+    v *= {"": 1.0, "B": 1.0, "M": 1e-3, "K": 1e-6, "T": 1e3}[unit]
+    return v if math.isfinite(v) and v > 0 else None
 
 
 def _line_of(text: str, pos: int) -> int:
@@ -114,15 +124,7 @@ def _line_of(text: str, pos: int) -> int:
 
 
 def _read_text(path: str) -> str:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except UnicodeDecodeError:
-        raise InputFileError(path, "not UTF-8 text") from None
-    except OSError as e:
-        raise InputFileError(path, f"cannot read: {e.strerror}") from None
+    return read_input_text(path)
 
 
 def _iter_entries(path: str, text: str) -> Iterator[tuple[int, Any]]:
@@ -164,6 +166,11 @@ def _iter_entries(path: str, text: str) -> Iterator[tuple[int, Any]]:
                 val, j = dec.raw_decode(text, i)
             except json.JSONDecodeError as e:
                 raise InputFileError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+            except RecursionError:
+                raise InputFileError(path, "invalid JSON: nested too deeply", _line_of(text, i)) from None
+            except ValueError as e:  # an integer literal of more than 4300 digits
+                raise InputFileError(path, f"invalid JSON: a number too long to read ({str(e).split(':')[0]})",
+                                     _line_of(text, i)) from None
             yield line_at(i), val
             i = j
             first = False
@@ -175,20 +182,14 @@ def _iter_entries(path: str, text: str) -> Iterator[tuple[int, Any]]:
     for k, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            yield k, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputFileError(path, f"invalid JSON: {e.msg} (column {e.colno})", k) from None
+        yield k, parse_json_value(line, path, k)
 
 
 def load_prices(path: str | os.PathLike) -> dict[str, ModelPrice]:
     """Read a ``models.json`` price file (see the module doc)."""
     path = os.fspath(path)
     text = _read_text(path)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputFileError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+    doc = parse_json_value(text, path)
     if not isinstance(doc, dict) or not doc:
         raise InputFileError(path, "must be a non-empty JSON object mapping model names to {input_price, output_price}")
     out: dict[str, ModelPrice] = {}
@@ -196,15 +197,21 @@ def load_prices(path: str | os.PathLike) -> dict[str, ModelPrice]:
         pos = text.find(json.dumps(name))
         line = _line_of(text, pos) if pos >= 0 else None
         if not isinstance(ent, dict):
-            raise InputFileError(path, f"model {name!r}: must be an object", line)
+            raise InputFileError(path, f"model {short_repr(name)}: must be an object, got {type(ent).__name__}", line)
         vals = []
         for key in ("input_price", "output_price"):
-            v = ent.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                what = "missing" if key not in ent else f"must be a number >= 0 (dollars per million tokens), got {v!r}"
-                raise InputFileError(path, f"model {name!r}: {key} {what}", line)
-            vals.append(float(v))
-        out[name] = ModelPrice(vals[0], vals[1], parse_size_b(ent.get("size")))
+            if key not in ent:
+                raise InputFileError(path, f"model {short_repr(name)}: {key} missing", line)
+
+            def fail(msg: str, _name=name):
+                raise InputFileError(path, f"model {short_repr(_name)}: {msg}", line)
+
+            vals.append(check_float(ent[key], key, fail, lo=0.0, hi=1e12, unit=" (dollars per million tokens)"))
+        size = ent.get("size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int, float))):
+            raise InputFileError(path, f"model {short_repr(name)}: field 'size' must be a string like \"7B\" or a number "
+                                       f"of billions, got {type(size).__name__}", line)
+        out[name] = ModelPrice(vals[0], vals[1], parse_size_b(size))
     return out
 
 
@@ -227,13 +234,16 @@ def load_matrix(path: str | os.PathLike, models_path: str | os.PathLike | None =
     tasks: list[str] = []
     for line, ent in _iter_entries(path, text):
         if not isinstance(ent, dict):
-            raise InputFileError(path, "each query must be a JSON object", line)
+            raise InputFileError(path, f"each query must be a JSON object, got {type(ent).__name__}", line)
         q = ent.get("question", ent.get("query"))
         if not isinstance(q, str):
-            raise InputFileError(path, "query needs a 'question' string", line)
+            raise InputFileError(path, "query needs a 'question' string" if q is None else
+                                 f"field 'question' must be a string, got {type(q).__name__}", line)
         sc = ent.get("scores")
         if not isinstance(sc, dict) or not sc:
-            raise InputFileError(path, "query needs a non-empty 'scores' object {model: score}", line)
+            raise InputFileError(path, "query needs a non-empty 'scores' object {model: score}" if sc is None else
+                                 f"field 'scores' must be a non-empty object {{model: score}}, got "
+                                 f"{type(sc).__name__} {short_repr(sc)}", line)
         if names is None:
             names = list(sc)
             if len(names) < 2:
@@ -246,17 +256,17 @@ def load_matrix(path: str | os.PathLike, models_path: str | os.PathLike | None =
                                  + (f"; extra {', '.join(extra)}" if extra else ""), line)
         row = []
         for m in names:
-            v = sc[m]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise InputFileError(path, f"score of {m!r} must be a finite number >= 0, got {v!r}", line)
-            row.append(float(v))
+            def fail(msg: str, _m=m):
+                raise InputFileError(path, f"score of {short_repr(_m)}: {msg}", line)
+
+            row.append(check_float(sc[m], f"scores.{m}", fail, lo=0.0, hi=1e12))
         rows.append(row)
         questions.append(q)
         t = ent.get("cluster_id", ent.get("task", ""))
         if t is None:
             t = ""
         if isinstance(t, bool) or not isinstance(t, (str, int)):
-            raise InputFileError(path, f"'cluster_id' must be a string or an integer, got {t!r}", line)
+            raise InputFileError(path, f"field 'cluster_id' must be a string or an integer, got {short_repr(t)}", line)
         tasks.append(str(t))
     if names is None:
         raise InputFileError(path, "the matrix holds no queries")

@@ -22,7 +22,15 @@ with the previous call's prompt + output, exactly all of them when
 ``append_only`` is true.
 
 Every violation raises :class:`~shadow_prefill.errors.InputFileError` naming
-the file and line; the CLI prints it as ``error: FILE:LINE: ...`` (exit 2).
+the file, line and field; the CLI prints it as ``error: FILE:LINE: ...`` (exit 2).
+Each field is checked for its JSON type (a string where a number belongs is
+refused, never converted), finiteness and range: token counts and steps are at
+most :data:`MAX_TOKENS`, ``gap_s`` at most :data:`MAX_GAP_S`, so sums over a
+trace stay exact in int64/float64.  A file ending in ``.gz`` (or starting with
+gzip's magic bytes) is read decompressed; one cut short is reported in one line.
+
+The checks are :mod:`shadow_prefill.inputs`'s, shared by every ShadowPrefill
+reader.
 """
 
 from __future__ import annotations
@@ -35,10 +43,14 @@ from typing import Any, Callable, Iterator, TextIO
 import numpy as np
 
 from shadow_prefill.errors import InputFileError, ShadowError
+from shadow_prefill.inputs import STREAM_ERRORS, MAX_TOKENS, short_repr, stream_error, check_float, check_int, \
+    open_input, parse_json_value
 from shadow_prefill.sessions import SessionSet, check_call_chain
 
 __all__ = ["iter_session_trace", "read_session_trace", "write_session_trace", "format_session_trace", "atomic_write",
-           "TRACE_FIELDS"]
+           "TRACE_FIELDS", "MAX_TOKENS", "MAX_GAP_S"]
+
+MAX_GAP_S = 1e9  # seconds (~32 years): larger gaps are a unit mistake and would swamp float64 clocks
 
 TRACE_FIELDS = ("session", "step", "model", "prompt_tokens", "new_input_tokens", "output_tokens", "gap_s",
                 "append_only")
@@ -58,16 +70,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[TextIO], None]) -> No
 def _int(rec: dict, key: str, minimum: int, fail) -> int:
     if key not in rec:
         fail(f"missing field {key!r}")
-    v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        fail(f"field {key!r} must be an integer, got {v!r}")
-    if isinstance(v, float):
-        if not math.isfinite(v) or v != int(v):
-            fail(f"field {key!r} must be an integer, got {v!r}")
-        v = int(v)
-    if v < minimum:
-        fail(f"field {key!r} must be >= {minimum}, got {v}")
-    return v
+    return check_int(rec[key], key, fail, lo=minimum)
 
 
 def iter_session_trace(path: str | os.PathLike) -> Iterator[dict]:
@@ -79,19 +82,14 @@ def iter_session_trace(path: str | os.PathLike) -> Iterator[dict]:
     path = os.fspath(path)
     # per open session: (next step, previous prompt, previous output, task)
     state: dict[str, tuple[int, int, int, str]] = {}
-    try:
-        f = open(path, "r", encoding="utf-8")
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except OSError as e:
-        raise InputFileError(path, f"cannot read: {e.strerror}") from None
+    f = open_input(path)
     with f:
         lineno = 0
         while True:
             try:
                 line = f.readline()
-            except UnicodeDecodeError:
-                raise InputFileError(path, "not UTF-8 text", lineno + 1) from None
+            except (OSError, UnicodeDecodeError, MemoryError, *STREAM_ERRORS) as e:
+                raise stream_error(path, e, lineno + 1) from None
             if not line:
                 break
             lineno += 1
@@ -101,17 +99,14 @@ def iter_session_trace(path: str | os.PathLike) -> Iterator[dict]:
             def fail(msg: str, _n=lineno):
                 raise InputFileError(path, msg, _n)
 
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                fail(f"invalid JSON: {e.msg} (column {e.colno})")
+            rec = parse_json_value(line, path, lineno)
             if not isinstance(rec, dict):
-                fail("each line must be a JSON object (one call)")
+                fail(f"each line must be a JSON object (one call), got {type(rec).__name__}")
             sid = rec.get("session")
             if sid is None:
                 fail("missing field 'session'")
             if isinstance(sid, bool) or not isinstance(sid, (str, int)) or sid == "":
-                fail(f"field 'session' must be a non-empty string or an integer, got {sid!r}")
+                fail(f"field 'session' must be a non-empty string or an integer, got {short_repr(sid)}")
             sid = str(sid)
             step = _int(rec, "step", 0, fail)
             model = rec.get("model")
@@ -122,38 +117,35 @@ def iter_session_trace(path: str | os.PathLike) -> Iterator[dict]:
             out = _int(rec, "output_tokens", 0, fail)
             if "gap_s" not in rec:
                 fail("missing field 'gap_s'")
-            gap = rec["gap_s"]
-            if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap < 0:
-                fail(f"field 'gap_s' must be a finite number >= 0 (seconds), got {gap!r}")
+            gap = check_float(rec["gap_s"], "gap_s", fail, lo=0.0, hi=MAX_GAP_S, unit=" (seconds)")
             if "append_only" not in rec:
                 fail("missing field 'append_only'")
             app = rec["append_only"]
             if not isinstance(app, bool):
-                fail(f"field 'append_only' must be true or false, got {app!r}")
+                fail(f"field 'append_only' must be true or false, got {short_repr(app)}")
             task = rec.get("task", "")
             if task is None:
                 task = ""
             if isinstance(task, bool) or not isinstance(task, (str, int)):
-                fail(f"field 'task' must be a string or an integer, got {task!r}")
+                fail(f"field 'task' must be a string or an integer, got {short_repr(task)}")
             task = str(task)
             score = rec.get("score")
-            if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
-                                      or not math.isfinite(score)):
-                fail(f"field 'score' must be a finite number or null, got {score!r}")
+            if score is not None:
+                score = check_float(score, "score", fail, lo=-math.inf)
             st = state.get(sid)
             if st is None:
                 prev_p = prev_o = None
             else:
                 nxt, prev_p, prev_o, t0 = st
                 if step != nxt:
-                    fail(f"session {sid!r}: expected step {nxt} after step {nxt - 1}, got {step} "
+                    fail(f"session {short_repr(sid)}: expected step {nxt} after step {nxt - 1}, got {step} "
                          f"(each session's lines must come in step order)")
                 if "task" in rec and task != t0:
-                    fail(f"session {sid!r}: task {task!r} differs from {t0!r} on its earlier lines")
+                    fail(f"session {short_repr(sid)}: task {short_repr(task)} differs from {short_repr(t0)} on its earlier lines")
                 task = t0
             why = check_call_chain(prev_p, prev_o, prompt, new_in, app)
             if why:
-                fail(f"session {sid!r} step {step}: {why}")
+                fail(f"session {short_repr(sid)} step {step}: {why}")
             state[sid] = (step + 1, prompt, out, task)
             yield {"session": sid, "step": step, "model": model, "prompt_tokens": prompt,
                    "new_input_tokens": new_in, "output_tokens": out, "gap_s": float(gap), "append_only": app,

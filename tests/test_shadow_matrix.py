@@ -225,7 +225,7 @@ def test_prices_errors(tmp_path):
     p = tmp_path / "models.json"
     p.write_text(json.dumps({"a": {"input_price": 0.1, "output_price": 0.1}, "b": {"input_price": -1,
                                                                                   "output_price": 1}}, indent=2))
-    with pytest.raises(InputFileError, match=r"models.json:\d+: model 'b': input_price") as ei:
+    with pytest.raises(InputFileError, match=r"models.json:\d+: model 'b': field 'input_price'") as ei:
         load_prices(p)
     assert ei.value.line == 6
     p.write_text(json.dumps({"a": {"input_price": 0.1}}))

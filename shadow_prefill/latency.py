@@ -86,12 +86,14 @@ _UNGATED = {"gpt2", "gpt_bigcode", "gpt_neox", "falcon", "phi", "starcoder2", "b
 
 # ============================================================================ model architecture
 
-def _cfg_int(cfg: Mapping, key: str, where: str, default: Any = None, minimum: int = 1) -> int:
+def _cfg_int(cfg: Mapping, key: str, where: str, default: Any = None, minimum: int = 1, maximum: int = 2 ** 40) -> int:
     v = cfg.get(key, default)
     if v is None:
         raise ShadowError(f"{where}: missing field {key!r}")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < minimum:
-        raise ShadowError(f"{where}: field {key!r} must be an integer >= {minimum}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+            or v != int(v) or not minimum <= v <= maximum:
+        from shadow_prefill.inputs import short_repr
+        raise ShadowError(f"{where}: field {key!r} must be an integer in [{minimum}, {maximum}], got {short_repr(v)}")
     return int(v)
 
 
@@ -261,10 +263,13 @@ class ModelArch:
             kvd = DTYPE_BYTES[kv_dtype.lower()]
         total = active = None
         if cfg.get("num_parameters") is not None:
-            total = _cfg_int(cfg, "num_parameters", where)
+            total = _cfg_int(cfg, "num_parameters", where, maximum=2 ** 50)
         if cfg.get("num_active_parameters") is not None:
-            active = _cfg_int(cfg, "num_active_parameters", where)
+            active = _cfg_int(cfg, "num_active_parameters", where, maximum=2 ** 50)
         window = cfg.get("max_position_embeddings") or 0
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 2 ** 40 \
+                or window != window:
+            window = 0  # optional and informative only: an unreadable value is ignored
         nm = name or str(cfg.get("_name_or_path") or cfg.get("name") or model_type or "model")
         return cls(name=nm, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                    intermediate=inter, vocab=vocab, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -285,16 +290,9 @@ class ModelArch:
 
 
 def _read_json(path: str) -> Any:
-    """A JSON file's value; unreadable or malformed files raise :class:`InputFileError` (with the line)."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except json.JSONDecodeError as e:
-        raise InputFileError(path, f"invalid JSON: {e.msg}", e.lineno) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputFileError(path, f"cannot read: {e}") from None
+    """A JSON file's value; unreadable, malformed, too deep or non-regular files raise :class:`InputFileError`."""
+    from shadow_prefill.inputs import parse_json_value, read_input_text
+    return parse_json_value(read_input_text(path), path)
 
 
 def load_model_arch(spec: str | os.PathLike | Mapping, name: str | None = None) -> ModelArch:
@@ -353,6 +351,17 @@ class GPUSpec:
         missing = [k for k in ("bf16_flop_per_s", "hbm_bytes_per_s", "hbm_bytes") if k not in d]
         if missing:
             raise ShadowError(f"{where}: missing field(s) {', '.join(missing)}")
+        from shadow_prefill.inputs import check_float, short_repr
+
+        def fail(msg: str):
+            raise ShadowError(f"{where}: {msg}")
+        d = dict(d)
+        for k, v in d.items():  # JSON numbers only (a string is refused, not converted), finite, below 1e30
+            if k == "name":
+                if not isinstance(v, str):
+                    fail(f"field 'name' must be a string, got {short_repr(v)}")
+            else:
+                d[k] = check_float(v, k, fail, lo=-1e30, hi=1e30)
         try:
             return cls(**{"name": "gpu", **d})
         except TypeError as e:
@@ -534,15 +543,28 @@ class LatencyModel:
             raise ShadowError(f"{where}: not a saved latency model (expected \"kind\": \"latency_model\")")
         if d.get("schema_version") != 1:
             raise ShadowError(f"{where}: unsupported schema_version {d.get('schema_version')!r} (this tool reads 1)")
-        try:
-            p = np.asarray(d["params"], dtype=np.float64)
-        except (KeyError, TypeError, ValueError):
-            raise ShadowError(f"{where}: 'params' must be a list of {LM_SIZE} numbers") from None
-        if p.shape != (LM_SIZE,) or not np.all(np.isfinite(p)) or d.get("model_kind") not in ("roofline", "linear"):
-            raise ShadowError(f"{where}: needs model_kind roofline|linear and {LM_SIZE} finite params")
+        from shadow_prefill.inputs import check_float, check_int, short_repr
+
+        def fail(msg: str):
+            raise ShadowError(f"{where}: {msg}")
+        raw = d.get("params")
+        if not isinstance(raw, list) or len(raw) != LM_SIZE:
+            fail(f"field 'params' must hold {LM_SIZE} finite params (a list of numbers), got {short_repr(raw)}")
+        p = np.asarray([check_float(x, f"params[{i}]", fail, lo=-1e30, hi=1e30) for i, x in enumerate(raw)],
+                       dtype=np.float64)
+        if d.get("model_kind") not in ("roofline", "linear"):
+            fail(f"field 'model_kind' must be 'roofline' or 'linear', got {short_repr(d.get('model_kind'))}")
+        name = d.get("name", "model")
+        if not isinstance(name, str):
+            fail(f"field 'name' must be a string, got {short_repr(name)}")
+        tp = check_int(d.get("tp", 1), "tp", fail, lo=1, hi=4096)
+        fit = d.get("fit", {})
+        if not isinstance(fit, dict):
+            fail(f"field 'fit' must be an object, got {short_repr(fit)}")
         kv = d.get("kv_bytes_per_token")
-        return cls(kind=d["model_kind"], params=p, name=str(d.get("name", "model")), tp=int(d.get("tp", 1)),
-                   fit=dict(d.get("fit", {})), kv_bytes_per_token_override=kv if isinstance(kv, int) else None)
+        if kv is not None:
+            kv = check_int(kv, "kv_bytes_per_token", fail, lo=1, hi=2 ** 40)
+        return cls(kind=d["model_kind"], params=p, name=name, tp=tp, fit=dict(fit), kv_bytes_per_token_override=kv)
 
 
 def build_roofline(arch: ModelArch | str | Mapping, gpu: GPUSpec | str | Mapping = "h100", tp: int | None = None) -> LatencyModel:
@@ -626,8 +648,9 @@ def fit_linear_model(points: Sequence[Mapping[str, float]], name: str = "fitted"
 
 def _time_ms(ent: Mapping, where: str) -> float:
     v = ent.get("time_ms")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ShadowError(f"{where}: time_ms must be a number > 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1e12 or v != v:
+        from shadow_prefill.inputs import short_repr
+        raise ShadowError(f"{where}: time_ms must be a number in (0, 1e12], got {short_repr(v)}")
     return float(v)
 
 
@@ -672,16 +695,17 @@ def read_profile_points(path: str | os.PathLike) -> tuple[list[dict], int | None
         raise InputFileError(path, f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads 1)")
     if not isinstance(doc.get("points"), list) or not doc["points"]:
         raise InputFileError(path, "'points' must be a non-empty list")
+    from shadow_prefill.inputs import check_float
     for k, p in enumerate(doc["points"]):
         where = f"{path}: points[{k}]"
+
+        def fail(msg: str, _w=where):
+            raise ShadowError(f"{_w}: {msg}")
         if not isinstance(p, dict):
             raise ShadowError(f"{where}: must be an object")
         vals = {}
         for key in ("n_decode", "decode_context", "prefill_tokens", "prefill_context"):
-            v = p.get(key, 0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ShadowError(f"{where}: {key} must be a number >= 0, got {v!r}")
-            vals[key] = float(v)
+            vals[key] = check_float(p.get(key, 0), key, fail, lo=0.0, hi=1e15)
         q, c = vals["prefill_tokens"], vals["prefill_context"]
         pts.append({"n_decode": vals["n_decode"], "decode_context": vals["decode_context"], "prefill_tokens": q,
                     "prefill_pairs": q * (c + (q + 1) / 2) if q > 0 else 0.0, "time_s": _time_ms(p, where) / 1e3})

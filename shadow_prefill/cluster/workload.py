@@ -99,12 +99,15 @@ def read_azure_trace(path: str | os.PathLike, name: str | None = None) -> Reques
 
     Malformed rows raise :class:`InputFileError` naming the file and line.
     """
+    from shadow_prefill.inputs import MAX_TOKENS, STREAM_ERRORS, short_repr, stream_error, open_input
     path = os.fspath(path)
     prompts: list[int] = []
     outputs: list[int] = []
     times: list[float] = []
+    ln = 0  # the last line read (errors while reading name the next one)
+    f = open_input(path)  # a regular file only (a device could block); .gz read decompressed
     try:
-        with open(path, "r", encoding="utf-8", newline="") as f:
+        with f:
             rd = csv.reader(f)
             header = next(rd, None)
             if header is None:
@@ -126,21 +129,26 @@ def read_azure_trace(path: str | os.PathLike, name: str | None = None) -> Reques
                     p = int(row[ic])
                     g = int(row[ig])
                 except ValueError:
-                    raise InputFileError(path, "ContextTokens and GeneratedTokens must be integers", ln) from None
-                if p < 1 or g < 0:
-                    raise InputFileError(path, f"ContextTokens must be >= 1 and GeneratedTokens >= 0, got {p}, {g}",
-                                         ln)
+                    raise InputFileError(path, f"ContextTokens and GeneratedTokens must be integers, got "
+                                               f"{short_repr(row[ic])}, {short_repr(row[ig])}", ln) from None
+                if p < 1 or g < 0 or p > MAX_TOKENS or g > MAX_TOKENS:
+                    raise InputFileError(path, f"ContextTokens must be in [1, {MAX_TOKENS}] and GeneratedTokens in "
+                                               f"[0, {MAX_TOKENS}], got {short_repr(p)}, {short_repr(g)}", ln)
                 if it >= 0:
                     try:
-                        times.append(_parse_time(row[it]))
-                    except ValueError:
-                        raise InputFileError(path, f"unreadable TIMESTAMP {row[it]!r}", ln) from None
+                        t = _parse_time(row[it])
+                    except (ValueError, OverflowError):
+                        t = math.nan
+                    if not math.isfinite(t):
+                        raise InputFileError(path, f"unreadable TIMESTAMP {short_repr(row[it])} (expected YYYY-MM-DD "
+                                                   f"HH:MM:SS[.fraction])", ln) from None
+                    times.append(t)
                 prompts.append(p)
                 outputs.append(g)
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except UnicodeDecodeError as e:
-        raise InputFileError(path, f"not UTF-8 text: {e}") from None
+    except csv.Error as e:  # a NUL byte, an overlong field, an unclosed quote
+        raise InputFileError(path, f"not a readable CSV file ({e})", ln + 1) from None
+    except (OSError, UnicodeDecodeError, MemoryError, *STREAM_ERRORS) as e:
+        raise stream_error(path, e, ln + 1) from None
     if not prompts:
         raise InputFileError(path, "no requests")
     t = None

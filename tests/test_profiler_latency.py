@@ -77,33 +77,97 @@ def test_load_model_errors(tmp_path):
         load_model(config_path=write_config(tmp_path), dtype="int8")
 
 
-@pytest.mark.parametrize("mode_T", [1, 4])
-def test_static_and_dynamic_cache_steps_agree_and_rewind(tmp_path, mode_T):
-    """The CUDA-graph path uses a static cache: on CPU it must compute what the dynamic path computes,
-    and rewinding after a step must give an identical next step (fixed context)."""
+def _from_scratch_logits(model, ctx_ids, new_ids):
+    torch = pytest.importorskip("torch")
+    with torch.inference_mode():
+        return model(input_ids=torch.cat([ctx_ids, new_ids], 1)).logits[:, -1:].float()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("static", [False, True])
+def test_stepper_equals_recomputation_and_rewinds(tmp_path, model_type, T, static):
+    """The static-cache stepper (everything the CUDA-graph path runs except the capture) on this transformers
+    version: each step equals a from-scratch forward over context + new tokens, with the model's own attention
+    and with the serving attention, and a rewind makes the next step identical (API drift fails here)."""
+    torch = pytest.importorskip("torch")
+    from profiler.latency import _Stepper, load_model
+    from profiler.serving_attention import select_attention
+    extra = {"head_dim": 16} if model_type == "qwen3" else {}
+    transformers = pytest.importorskip("transformers")
+    if model_type not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type} models")
+    model, _ = load_model(config_path=write_config(tmp_path, model_type, **extra), dtype="fp32", device="cpu", seed=1)
+    ctx, b = 11, 3
+    g = torch.Generator(device="cpu").manual_seed(5)  # the stepper draws its inputs from this seed
+    ctx_ids = torch.randint(0, 256, (b, ctx), generator=g)
+    new_ids = torch.randint(0, 256, (b, T), generator=g)
+    ref = _from_scratch_logits(model, ctx_ids, new_ids)
+    labels = []
+    for attention in ("transformers", "serving"):
+        with select_attention(model, attention) as label:
+            labels.append(label)
+            st = _Stepper(model, b, ctx, T, static=static, device="cpu", seed=5)
+            assert torch.equal(st.ids, new_ids)
+            st.check_rewind()
+            first = st.eager_step().logits.float().clone()
+            st.rewind()
+            second = st.eager_step().logits.float().clone()
+            st.rewind()
+        assert first.shape == (b, 1, 256)  # only the last position's logits are computed
+        torch.testing.assert_close(first, second, rtol=0, atol=0)
+        torch.testing.assert_close(first, ref, rtol=1e-4, atol=1e-4)
+    assert labels[0].startswith("transformers:")
+    assert labels[1] == "serving" or "needs transformers >= 4.48" in labels[1]
+    # the model's own attention is back after the serving one
+    assert getattr(model.config, "_attn_implementation", None) == labels[0].split(":", 1)[1]
+    # and the step really attends to the context: another context changes the logits
+    other = _Stepper(model, b, ctx, T, static=static, device="cpu", seed=6)
+    other.ids = new_ids
+    assert not torch.allclose(other.eager_step().logits.float(), ref, atol=1e-3)
+
+
+def test_static_rewind_by_write_index_when_layers_lack_crop(tmp_path):
+    """transformers 5.1x static layers keep a device-side write index but have no crop(): the rewind subtracts T."""
     torch = pytest.importorskip("torch")
     from profiler.latency import _Stepper, load_model
     model, _ = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cpu", seed=1)
-    ctx = 12
-    dyn = _Stepper(model, 3, ctx, mode_T, static=False, device="cpu", seed=5)
-    sta = _Stepper(model, 3, ctx, mode_T, static=True, device="cpu", seed=5)
-    a1 = dyn.eager_step().logits.clone()
-    dyn.rewind()
-    assert int(dyn.cache.get_seq_length()) == ctx
-    a2 = dyn.eager_step().logits.clone()
-    dyn.rewind()
-    b1 = sta.eager_step().logits.clone()
-    sta.rewind()
-    assert int(sta.cache.get_seq_length()) == ctx
-    b2 = sta.eager_step().logits.clone()
-    assert a1.shape[-1] == 256 and a1.shape[1] == 1  # only the last position's logits are computed
-    torch.testing.assert_close(a1, a2)
-    torch.testing.assert_close(b1, b2)
-    torch.testing.assert_close(a1, b1, rtol=1e-4, atol=1e-4)
-    # and the step really attends to the context: a different context changes the logits
-    other = _Stepper(model, 3, ctx, mode_T, static=False, device="cpu", seed=6)
-    other.ids = dyn.ids
-    assert not torch.allclose(other.eager_step().logits, a1)
+    st = _Stepper(model, 2, 9, 3, static=True, device="cpu", seed=2)
+    if not st._write_index:
+        pytest.skip("this transformers version passes explicit cache positions (4.x): no write index to move")
+    st._layer_crop = False  # as on 5.17, where StaticLayer has no crop
+    st.check_rewind()
+    a = st.eager_step().logits.clone()
+    st.rewind()
+    assert all(int(t) == 9 for t in st._write_index)
+    torch.testing.assert_close(st.eager_step().logits, a, rtol=0, atol=0)
+
+
+def test_rewind_that_does_not_rewind_is_caught(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from profiler.latency import _Stepper, load_model
+    model, _ = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cpu", seed=1)
+    st = _Stepper(model, 2, 6, 1, static=False, device="cpu", seed=2)
+    monkeypatch.setattr(st, "rewind", lambda: None)
+    with pytest.raises(ProfileError, match="holds 7 tokens after a step and a rewind, expected 6"):
+        st.check_rewind()
+
+
+def test_failure_inside_the_profiler_is_one_error_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from profiler.latency import load_model, profile_latency
+    model, name = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cpu", seed=1)
+    real = model.forward
+
+    def broken(*a, **k):
+        if k.get("input_ids") is not None and k["input_ids"].shape[1] == 1:
+            raise AttributeError("'StaticLayer' object has no attribute 'crop'")
+        return real(*a, **k)
+
+    monkeypatch.setattr(model, "forward", broken)
+    with pytest.raises(ProfileError, match=r"profiling failed at batch size 1: AttributeError: 'StaticLayer'.*"
+                                           r"\(torch .*, transformers .*\)"):
+        profile_latency(model, name=name, batch_sizes=[1], context=4, warmup=0, steps=1, device="cpu")
 
 
 def test_profile_latency_cpu_and_profile_roundtrip(tmp_path):
@@ -188,9 +252,31 @@ def test_gpu_cuda_graph_profile_and_event_overhead(tmp_path):
     prof = profile_latency(model, name=name, batch_sizes=[1, 16], mode="decode", context=256, device="cuda",
                            dtype="bf16", cuda_graph=True, warmup=3, steps=30)
     assert prof.cuda_graph and prof.measured_kv_bytes_per_token is not None
+    assert prof.roofline and prof.roofline["copy_bandwidth_bytes_per_s"] > 0
+    assert all(r["floor_ms"] > 0 for r in prof.roofline["batches"])
     eager_step = _Stepper(model, 8, 256, 1, static=False, device="cuda", seed=0)
-    ov = measure_timing_overhead(eager_step, 50, True, repeats=7)
-    assert ov["overhead"] < 0.01, ov  # events around each step cost < 1% of a decode step
+    ov = measure_timing_overhead(eager_step, 20, True, repeats=3)
+    # the < 1% target of event timing is a benchmark (benchmarks/profiler_overhead.py), not a timed test
+    assert ov["untimed_step_ms"] > 0 and ov["timed_step_ms"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_graph_replay_with_serving_attention_matches_eager(tmp_path, T):
+    torch = _cuda()
+    from profiler.latency import _Stepper, load_model
+    from profiler.serving_attention import select_attention
+    model, _ = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cuda", seed=3)
+    ref = _Stepper(model, 4, 32, T, static=False, device="cuda", seed=9).eager_step().logits.float().clone()
+    with select_attention(model, "serving"):
+        g = _Stepper(model, 4, 32, T, static=True, device="cuda", seed=9)
+        g.check_rewind()
+        g.capture(warmup=2)
+        for _ in range(3):
+            g.step()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(g.out.logits.float(), ref, rtol=1e-3, atol=1e-3)
+            g.rewind()
 
 
 def test_cpu_profile_never_touches_torch_cuda(tmp_path, monkeypatch):

@@ -576,12 +576,12 @@ def _gamma(m):
 
 @njit(cache=True)
 def gth_envelope(indptr, indices):
-    """Variable-band envelope of the symmetrised pattern of a CSR matrix.
+    """Envelope of the symmetrised pattern of a CSR matrix: ``lo[i]``, the smallest ``j <= i`` linked to i.
 
-    ``lo[i]`` is the smallest column ``j <= i`` linked to ``i`` (either
-    direction); ``hi[k] = max(k, max{i : lo[i] <= k})`` (non-decreasing).  Row
-    ``i`` of the elimination is stored densely over columns ``lo[i]..hi[i]``;
-    eliminating states in index order creates fill only inside this band.
+    Row i of the elimination keeps columns ``lo[i]..i-1`` (its part left of
+    the diagonal) and column i keeps rows ``lo[i]..i-1`` (its part above):
+    eliminating states in index order creates fill only there (skyline
+    storage).
     """
     n = indptr.shape[0] - 1
     lo = np.arange(n)
@@ -594,70 +594,105 @@ def gth_envelope(indptr, indices):
             elif j > i:
                 if i < lo[j]:
                     lo[j] = i
-    best = np.full(n, -1, dtype=np.int64)
-    for i in range(n):
-        if i > best[lo[i]]:
-            best[lo[i]] = i
-    hi = np.empty(n, dtype=np.int64)
-    run = -1
-    for k in range(n):
-        if best[k] > run:
-            run = best[k]
-        hi[k] = run if run > k else k
-    return lo, hi
+    return lo
 
 
 @njit(cache=True)
-def gth_work(lo, hi):
-    """``(multiply-adds upper bound, stored entries)`` of :func:`gth_solve` on this envelope."""
+def gth_work(lo):
+    """``(sum_k c_k^2, sum_k c_k)`` with ``c_k = #{i > k : lo[i] <= k}``: a ceiling on the multiply-adds
+    of :func:`gth_solve` and its stored entries per triangle (the profile)."""
     n = lo.shape[0]
+    start = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if lo[i] < i:
+            start[lo[i]] += 1
+            start[i] -= 1
     work = 0.0
-    stored = 0
+    prof = 0
+    c = 0
     for k in range(n):
-        c = float(hi[k] - k)
-        work += c * c
-        stored += hi[k] - lo[k] + 1
-    return work, stored
+        c += start[k]
+        work += float(c) * float(c)
+        prof += c
+    return work, prof
 
 
 @njit(cache=True)
-def gth_solve(indptr, indices, data, lo, hi):
+def _active_add(act, where, na, i):
+    act[na] = i
+    where[i] = na
+    return na + 1
+
+
+@njit(cache=True)
+def _active_remove(act, where, na, i):
+    p = where[i]
+    last = act[na - 1]
+    act[p] = last
+    where[last] = p
+    where[i] = -1
+    return na - 1
+
+
+@njit(cache=True)
+def gth_solve(indptr, indices, data, lo):
     """Stationary vector of an irreducible chain by GTH state reduction (subtraction-free).
 
     ``indptr/indices/data``: CSR of the transition matrix in elimination order
     (diagonal ignored: the out-rate of a state is the sum of its off-diagonal
-    entries, never ``1 - T_kk``).  States ``0..n-2`` are eliminated in order;
-    eliminating k turns the chain into the chain watched only on the states
-    left (censoring): ``A_ij += A_ik A_kj / s_k`` with ``s_k = sum_{j>k} A_kj``.
-    Back-substitution ``x_k = sum_{i>k} x_i A_ik / s_k`` then recovers the
-    stationary vector.  Every operation adds or multiplies non-negative
-    numbers, so each result carries a small *relative* error whatever the
-    conditioning of the chain.
+    entries, never ``1 - T_kk``); ``lo`` from :func:`gth_envelope`.  States
+    ``0..n-2`` are eliminated in order; eliminating k turns the chain into the
+    chain watched only on the states left (censoring): ``A_ij += A_ik A_kj /
+    s_k`` with ``s_k = sum_{j>k} A_kj``.  Back-substitution ``x_k =
+    sum_{i>k} x_i A_ik / s_k`` then recovers the stationary vector.  Every
+    operation adds, multiplies or divides non-negative numbers, so each
+    result carries a small *relative* error whatever the conditioning of the
+    chain.  Storage is the skyline of the envelope (row parts ``L``, column
+    parts ``U``); the rows and columns alive at step k are kept in a list.
 
-    Returns ``(status, x, log_bound, flops, underflows, rescaled)``: ``x``
-    normalised; ``log_bound`` bounds ``|ln(x_j / pi_j)|`` for every j by
-    summing, per eliminated state with ``p`` predecessors and ``m``
-    successors, ``p gamma_{m+2}`` (the censored chain's updated entries carry
-    relative error ``gamma_{m+2}``, and a spanning tree holds at most p of
-    them: Markov chain tree theorem) and ``gamma_{p+m+1}`` (back-substitution),
-    then doubling for the normalisation.  Subnormal terms cost at most one
-    more u when they land in a normal sum; ``underflows`` counts entries and
+    Returns ``(status, x, log_bound, flops, underflows)``: ``x`` normalised;
+    ``log_bound`` bounds ``|ln(x_j / pi_j)|`` for every j by summing, per
+    eliminated state with ``p`` predecessors and ``m`` successors,
+    ``p gamma_{m+3}`` (the censored chain's updated entries carry relative
+    error ``gamma_{m+3}``, and a spanning tree holds at most p of them: Markov
+    chain tree theorem) and ``gamma_{2p+m+1}`` (back-substitution), then
+    doubling for the normalisation.  A subnormal term costs at most one more
+    u when it lands in a normal sum; ``underflows`` counts entries and
     components that stayed below the smallest normal double, which voids the
-    bound.  ``rescaled`` says whether the back-substitution had to rescale
-    (the stationary vector spans more than 1e250).
+    bound.
     """
     n = indptr.shape[0] - 1
     off = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
-        off[i + 1] = off[i] + (hi[i] - lo[i] + 1)
-    A = np.zeros(off[n], dtype=np.float64)
+        off[i + 1] = off[i] + (i - lo[i])
+    L = np.zeros(off[n], dtype=np.float64)   # L[off[i] + j - lo[i]] = A_ij, j < i
+    U = np.zeros(off[n], dtype=np.float64)   # U[off[j] + i - lo[j]] = A_ij, i < j
     for i in range(n):
-        base = off[i] - lo[i]
         for q in range(indptr[i], indptr[i + 1]):
             j = indices[q]
-            if j != i:
-                A[base + j] += data[q]
+            if j < i:
+                L[off[i] + j - lo[i]] += data[q]
+            elif j > i:
+                U[off[j] + i - lo[j]] += data[q]
+    # rows (and columns) by the step at which they become alive
+    bstart = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if lo[i] < i:
+            bstart[lo[i] + 1] += 1
+    for k in range(n):
+        bstart[k + 1] += bstart[k]
+    byk = np.empty(bstart[n], dtype=np.int64)
+    fill = bstart[:n].copy()
+    for i in range(n):
+        if lo[i] < i:
+            byk[fill[lo[i]]] = i
+            fill[lo[i]] += 1
+    act = np.empty(n, dtype=np.int64)
+    where = np.full(n, -1, dtype=np.int64)
+    na = 0
     s = np.zeros(n, dtype=np.float64)
+    pred_i = np.empty(n, dtype=np.int64)
+    pred_a = np.empty(n, dtype=np.float64)
     succ_j = np.empty(n, dtype=np.int64)
     succ_b = np.empty(n, dtype=np.float64)
     log_bound = 0.0
@@ -665,54 +700,78 @@ def gth_solve(indptr, indices, data, lo, hi):
     under = 0
     x = np.zeros(n, dtype=np.float64)
     for k in range(n - 1):
-        base_k = off[k] - lo[k]
+        if where[k] >= 0:
+            na = _active_remove(act, where, na, k)
+        for t in range(bstart[k], bstart[k + 1]):
+            na = _active_add(act, where, na, byk[t])
         sk = 0.0
         ns = 0
-        for j in range(k + 1, hi[k] + 1):
-            b = A[base_k + j]
+        npred = 0
+        for t in range(na):
+            i = act[t]
+            b = U[off[i] + k - lo[i]]
             if b > 0.0:
                 sk += b
-                succ_j[ns] = j
+                succ_j[ns] = i
                 succ_b[ns] = b
                 ns += 1
+            a = L[off[i] + k - lo[i]]
+            if a > 0.0:
+                pred_i[npred] = i
+                pred_a[npred] = a
+                npred += 1
         if not sk > 0.0:
-            return GTH_REDUCIBLE, x, np.inf, flops, under, False
+            return GTH_REDUCIBLE, x, np.inf, flops, under
         s[k] = sk
-        npred = 0
-        for i in range(k + 1, hi[k] + 1):
-            if lo[i] <= k:
-                base_i = off[i] - lo[i]
-                a = A[base_i + k]
-                if a > 0.0:
-                    npred += 1
-                    f = a / sk
-                    for t in range(ns):
-                        j = succ_j[t]
-                        if j != i:
-                            # a subnormal term is off by up to 2^-1075, i.e. by at most u of a normal sum
-                            # (hence gamma_{m+3} below); a sum that stays subnormal voids the bound
-                            v = A[base_i + j] + f * succ_b[t]
-                            if v < SMALLEST_NORMAL:
-                                under += 1
-                            A[base_i + j] = v
-                    flops += ns
+        for t in range(npred):
+            i = pred_i[t]
+            f = pred_a[t] / sk
+            base_i = off[i] - lo[i]
+            for r in range(ns):
+                j = succ_j[r]
+                if j == i:
+                    continue
+                # a subnormal term is off by up to 2^-1075, i.e. by at most u of a normal sum (hence
+                # gamma_{m+3}); a sum that stays subnormal voids the bound
+                if j < i:
+                    v = L[base_i + j] + f * succ_b[r]
+                    L[base_i + j] = v
+                else:
+                    q = off[j] + i - lo[j]
+                    v = U[q] + f * succ_b[r]
+                    U[q] = v
+                if v < SMALLEST_NORMAL:
+                    under += 1
+            flops += ns
         log_bound += npred * _gamma(ns + 3) + _gamma(2 * npred + ns + 1)
-    rescaled = False
+    # back-substitution, rebuilding the alive sets in reverse
+    na = 0
+    for i in range(n):
+        where[i] = -1
     x[n - 1] = 1.0
+    if n >= 2 and lo[n - 1] <= n - 2:
+        na = _active_add(act, where, na, n - 1)
     for k in range(n - 2, -1, -1):
+        if k < n - 2:
+            # alive at k: lo[i] <= k < i; from k+1: add i = k+1 (if lo <= k), drop those with lo = k+1
+            if lo[k + 1] <= k:
+                na = _active_add(act, where, na, k + 1)
+            for t in range(bstart[k + 1], bstart[k + 2]):
+                i = byk[t]
+                if where[i] >= 0:
+                    na = _active_remove(act, where, na, i)
         acc = 0.0
-        for i in range(k + 1, hi[k] + 1):
-            if lo[i] <= k:
-                a = A[off[i] - lo[i] + k]
-                if a > 0.0:
-                    acc += x[i] * a
+        for t in range(na):
+            i = act[t]
+            a = L[off[i] + k - lo[i]]
+            if a > 0.0:
+                acc += x[i] * a
         xk = acc / s[k]
         if xk < SMALLEST_NORMAL:
             under += 1
         x[k] = xk
         if xk > 1e250:
             # the stationary vector spans more than 1e250: scale down what is computed so far
-            rescaled = True
             for i in range(k, n):
                 x[i] *= 1e-250
                 if 0.0 < x[i] < SMALLEST_NORMAL:
@@ -724,7 +783,7 @@ def gth_solve(indptr, indices, data, lo, hi):
         x[i] /= tot
         if x[i] < SMALLEST_NORMAL:
             under += 1
-    return GTH_OK, x, 2.0 * log_bound + _gamma(n), flops, under, rescaled
+    return GTH_OK, x, 2.0 * log_bound + _gamma(n), flops, under
 
 
 @njit(cache=True)

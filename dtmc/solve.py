@@ -66,13 +66,13 @@ FLOOR_TOL = 1e-11
 # Above this many states the direct LU fallback would take minutes and many GiB: refuse instead.
 DIRECT_FALLBACK_LIMIT = 300_000
 # ``auto`` re-solves with GTH when the throughput error bound of the iterate exceeds ACCURACY_TARGET and
-# GTH is cheap (band work <= GTH_CHEAP_WORK multiply-adds, milliseconds), or when it exceeds ACCURACY_TOL
-# and GTH fits at all (band work <= GTH_MAX_WORK, ~seconds, and GTH_MAX_BYTES).  A result whose
+# GTH is cheap (work ceiling sum_k c_k^2 <= GTH_CHEAP_WORK, ~10-50 ms; the true count is 10-100x lower), or
+# when it exceeds ACCURACY_TOL and GTH fits at all (ceiling <= GTH_MAX_WORK, ~1-3 s, and GTH_MAX_BYTES).  A result whose
 # throughput bound exceeds ACCURACY_TOL is flagged (accuracy_ok False).
 ACCURACY_TARGET = 1e-9
 ACCURACY_TOL = 1e-6
-GTH_CHEAP_WORK = 2e7
-GTH_MAX_WORK = 3e9
+GTH_CHEAP_WORK = 2e8
+GTH_MAX_WORK = 2e10
 GTH_MAX_BYTES = 2 * 2**30
 
 
@@ -247,17 +247,15 @@ def gth_plan(T: sp.csr_matrix, limit: float | None = None) -> tuple[np.ndarray |
     """
     from scipy.sparse.csgraph import reverse_cuthill_mckee
     T = T.tocsr()
-    lo, hi = K.gth_envelope(_i64(T.indptr), _i64(T.indices))
-    work, stored = K.gth_work(lo, hi)
-    best = (None, float(work), int(stored) * 8)
+    work, prof = K.gth_work(K.gth_envelope(_i64(T.indptr), _i64(T.indices)))
+    best = (None, float(work), 16 * int(prof))
     if T.shape[0] > 2 and (limit is None or limit < work <= 100 * limit):
         sym = (T + T.T).tocsr()
         order = reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64)
         Tp = T[order][:, order].tocsr()
-        lo2, hi2 = K.gth_envelope(_i64(Tp.indptr), _i64(Tp.indices))
-        work2, stored2 = K.gth_work(lo2, hi2)
-        if work2 < work:
-            best = (order, float(work2), int(stored2) * 8)
+        work2, prof2 = K.gth_work(K.gth_envelope(_i64(Tp.indptr), _i64(Tp.indices)))
+        if work2 < 0.7 * work:
+            best = (order, float(work2), 16 * int(prof2))
     return best
 
 
@@ -294,9 +292,8 @@ def gth(T: sp.csr_matrix, plan=None) -> tuple[np.ndarray, float, str, np.ndarray
     other = (reverse_cuthill_mckee((T + T.T).tocsr(), symmetric_mode=True).astype(np.int64)
              if plan[0] is None else None)
     A = T if other is None else T[other][:, other].tocsr()
-    lo, hi = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
-    work, stored = K.gth_work(lo, hi)
-    if work > max(GTH_MAX_WORK, 2.0 * plan[1]) or stored * 8 > GTH_MAX_BYTES:
+    work, prof = K.gth_work(K.gth_envelope(_i64(A.indptr), _i64(A.indices)))
+    if work > max(GTH_MAX_WORK, 2.0 * plan[1]) or 16 * prof > GTH_MAX_BYTES:
         return pi, float("inf"), "none (GTH underflow, no second order fits)", None
     pi_alt, _ = _gth_once(T, other)
     return pi, float("inf"), "estimate: two GTH orders", pi_alt
@@ -306,8 +303,8 @@ def _gth_once(T, order) -> tuple[np.ndarray, float]:
     n = T.shape[0]
     A = T if order is None else T[order][:, order].tocsr()
     A.sort_indices()
-    lo, hi = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
-    status, x, L, _flops, under, _rescaled = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo, hi)
+    lo = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
+    status, x, L, _flops, under = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo)
     if status != K.GTH_OK:
         raise DTMCError("GTH elimination met a state with no way out of the states left: the chain is not "
                         "irreducible (internal error: the recurrent class should be)")

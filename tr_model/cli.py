@@ -257,7 +257,7 @@ def _compute_exact_search(plan: Plan, doc: dict, progress) -> list:
     finally:
         if client is not None:
             client.close()
-    doc["results"] = [_row(o.to_dict(), "exact") for o in opts]
+    doc["results"] = [_row({**o.to_dict(), **_accuracy_of(o)}, "exact") for o in opts]
     if plan.all:
         doc["table"] = [e.to_dict() for o in opts for e in o.evaluations]
     return list(opts)
@@ -268,6 +268,24 @@ def _compute_exact_vectors(plan: Plan, doc: dict) -> list:
 
     doc["results"] = [_row(evaluate(plan.system.spec, N, plan.B, **plan.kw).to_dict(), "exact") for N in plan.Ns]
     return []
+
+
+def _accuracy_of(opt) -> dict:
+    """Accuracy of a search result (issue 13): B*'s bound, the largest over the sweep, all bounded?"""
+    bounds = [e.throughput_error_bound for e in opt.evaluations] or [opt.best.throughput_error_bound]
+    worst = max(bounds)
+    return {"throughput_error_bound": opt.best.to_dict()["throughput_error_bound"],
+            "max_throughput_error_bound": worst if math.isfinite(worst) else None,
+            "accuracy_ok": all(e.accuracy_ok for e in opt.evaluations) and opt.best.accuracy_ok}
+
+
+def _warn_inaccurate(doc: dict) -> None:
+    """One ``warning:`` line on stderr when some result's throughput error is not bounded within 1e-6."""
+    bad = [r for r in doc["results"] if r.get("accuracy_ok") is False]
+    if bad:
+        where = ", ".join(f"N = {r['N']}" for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        print(f"warning: the throughput error of {len(bad)} result(s) ({where}) is not bounded within 1e-6 "
+              f"relative (see throughput_error_bound in --format json)", file=sys.stderr)
 
 
 def compute(plan: Plan, progress=None) -> tuple[dict, list]:
@@ -484,6 +502,7 @@ def main_impl(argv=None) -> int:
             note(line)
     progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
     doc, found = compute(plan, progress)
+    _warn_inaccurate(doc)
     if a.plot:
         from tr_model.plots import plot_throughput
         plot_throughput(found, a.plot)

@@ -47,7 +47,7 @@ from shadow_prefill.errors import ShadowError
 from shadow_prefill.matrix import RoutingMatrix, route_accuracy_per_cost
 from shadow_prefill.sessions import SessionSet
 
-__all__ = ["LengthDist", "LogNormal", "AgentLoopParams", "SyntheticParams", "MatrixWorkload",
+__all__ = ["LengthDist", "LogNormal", "AgentLoopParams", "SyntheticParams", "MatrixWorkload", "ROUTING_POLICIES",
            "generate_synthetic_sessions", "WORKLOAD_PRESETS", "workload_preset", "build_matrix_sessions", "make_token_counter", "estimate_tokens"]
 
 
@@ -220,6 +220,9 @@ def make_token_counter(tokenizer: str | os.PathLike | Callable[[str], int] | Non
 
 # --------------------------------------------------------------------------- matrix workloads
 
+# the paper's routers (Appendix C, Figure 15c): accuracy per cost (default), max accuracy, random
+ROUTING_POLICIES = ("accuracy-per-cost", "max-accuracy", "random")
+
 class MatrixWorkload:
     """Sessions over a routing-benchmark matrix, built once and routed per model pair.
 
@@ -230,8 +233,12 @@ class MatrixWorkload:
     """
 
     def __init__(self, matrix: RoutingMatrix, params: AgentLoopParams = AgentLoopParams(), seed: int = 0,
-                 tokenizer: Any = None, respect_tasks: bool = False, name: str | None = None):
+                 tokenizer: Any = None, respect_tasks: bool = False, name: str | None = None,
+                 policy: str = "accuracy-per-cost"):
         params.check()
+        if policy not in ROUTING_POLICIES:
+            raise ShadowError(f"unknown routing policy {policy!r}; known: {', '.join(ROUTING_POLICIES)}")
+        self.policy = policy
         self.matrix = matrix
         self.params = params
         self.seed = int(seed)
@@ -263,13 +270,21 @@ class MatrixWorkload:
         return len(self.offsets) - 1
 
     def route(self, pair: Sequence[str]) -> np.ndarray:
-        """Index into ``pair`` of the model each query goes to (accuracy per cost)."""
+        """Index into ``pair`` of the model each query goes to (``self.policy``, :data:`ROUTING_POLICIES`)."""
         m = self.matrix
         idx = [m.model_index(x) for x in pair]
         scores = m.scores[:, idx]
         pin = np.array([m.prices[x].input_price for x in pair])
         pout = np.array([m.prices[x].output_price for x in pair])
         cost = (self.query_tokens[:, None] * pin[None, :] + self.output[:, None] * pout[None, :]) / 1e6
+        if self.policy == "max-accuracy":
+            # the highest score; ties (in particular no model right) to the cheaper, then the first
+            best = scores.max(axis=1, keepdims=True)
+            return np.argmin(np.where(scores == best, cost, np.inf), axis=1).astype(np.int32)
+        if self.policy == "random":
+            # uniform over the pair, from the workload's seed and the pair (not from the shared draw stream)
+            key = [self.seed, 7919] + [int(i) for i in idx]
+            return np.random.default_rng(key).integers(0, len(pair), size=m.n_queries).astype(np.int32)
         return route_accuracy_per_cost(scores, cost)
 
     def sessions(self, pair: Sequence[str]) -> SessionSet:
@@ -291,7 +306,7 @@ class MatrixWorkload:
             session_ids=[f"{self.name}-{s}" for s in range(ns)], task=self.session_task,
             task_names=self.task_names, name=self.name, validate=False,
             meta={"source": "matrix", "path": m.path, "pair": list(pair), "seed": self.seed,
-                  "policy": "accuracy-per-cost", "tokenizer": self.tokenizer, "respect_tasks": self.respect_tasks,
+                  "policy": self.policy, "tokenizer": self.tokenizer, "respect_tasks": self.respect_tasks,
                   **self.params.describe()})
 
     def accuracy(self, pair: Sequence[str]) -> dict:

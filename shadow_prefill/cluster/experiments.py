@@ -12,7 +12,9 @@ notebook runs in seconds (``TR_NOTEBOOK_FAST=1``).  The findings checked:
 * as normal load grows, Harvest-SLO's gain falls while the host tier's share
   grows (:func:`load_experiment`, long-context sessions that pressure KV);
 * shadow waste grows with more models per router, less so for top-1
-  (:func:`models_per_router_experiment`).
+  (:func:`models_per_router_experiment`);
+* the headline figures on the paper-calibrated workload, beside the paper's
+  (:func:`paper_headline_experiment`, ``benchmarks/shadow_paper_eval.py`` for every sweep).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from shadow_prefill.cluster.sim import ClusterConfig, Scenario
 from shadow_prefill.cluster.sweep import run_grid, sweep, sweep_models_per_router
 from shadow_prefill.cluster.workload import mixed_synthetic_sessions
 
-__all__ = ["fast_mode", "experiment_scenario", "approaches_experiment", "context_length_experiment",
+__all__ = ["fast_mode", "experiment_scenario", "approaches_experiment", "paper_headline_experiment", "PAPER_HEADLINE", "context_length_experiment",
            "load_experiment", "models_per_router_experiment", "long_context_params", "plot_metric_bars",
            "plot_sweep", "plot_context"]
 
@@ -66,6 +68,37 @@ def approaches_experiment(fast: bool | None = None, approaches: Sequence[str] = 
     runs = run_grid(ss, ClusterConfig(), approaches, seeds, wins, sc, capacity=capacity, workers=workers,
                     executor=executor)
     return summarize_comparison(compare_runs(runs))
+
+
+# Section 5.2 of the paper, routing benchmarks: Harvest-SLO+Host (and the Oracle+Host bound) against No Shadow
+PAPER_HEADLINE = {"switch_latency_reduction_pct": 10.4, "call_latency_reduction_pct": 5.0,
+                  "switch_ttft_reduction_pct": 44.1, "task_time_reduction_pct": 4.9, "token_cost_reduction_pct": 28.5,
+                  "hit_rate_pct": 82.1}
+PAPER_ORACLE = {"switch_latency_reduction_pct": 19.3, "call_latency_reduction_pct": 9.6}
+
+
+def paper_headline_experiment(fast: bool | None = None, workers: int = 1, executor=None,
+                              capacity=CAP_DEFAULT) -> pd.DataFrame:
+    """Harvest-SLO+Host, Harvest-SLO and Oracle+Host on the ``paper`` preset (cached normal requests), with the
+    paper's figure beside each metric (columns ``metric``, ``approach``, ``ours``, ``se``, ``paper``)."""
+    from shadow_prefill.builder import generate_synthetic_sessions, workload_preset
+    fast = fast_mode() if fast is None else fast
+    sc, seeds, wins = experiment_scenario(fast)
+    if not fast:
+        sc, seeds, wins = replace(sc, warmup_s=60.0, measure_s=300.0), (0, 1), ("peak",)
+    ss = generate_synthetic_sessions(workload_preset("paper", n_sessions=60 if fast else 400), name="paper")
+    runs = run_grid(ss, ClusterConfig(cache_normal_requests=True),
+                    ("No Shadow", "Harvest-SLO", "Harvest-SLO+Host", "Oracle+Host"), seeds, wins, sc,
+                    capacity=capacity, workers=workers, executor=executor)
+    df = summarize_comparison(compare_runs(runs)).set_index("approach")
+    rows = []
+    for m in PAPER_HEADLINE:
+        for a in ("Harvest-SLO", "Harvest-SLO+Host", "Oracle+Host"):
+            paper = PAPER_HEADLINE[m] if a == "Harvest-SLO+Host" else PAPER_ORACLE.get(m) if a == "Oracle+Host" \
+                else None
+            rows.append({"metric": m, "approach": a, "ours": float(df.loc[a, m]), "se": float(df.loc[a, m + "_se"]),
+                         "paper": paper})
+    return pd.DataFrame(rows)
 
 
 def context_length_experiment(fast: bool | None = None, bins: Sequence[float] = (0, 4000, 16000, 32000, 64000),

@@ -226,6 +226,36 @@ def models(a):
     emit(a, "models_per_router", df)
 
 
+def router(a):
+    """Figure 15c: the LLMRouter matrix (dcrouter) re-routed by each policy over one pair, paper-like agent loop."""
+    from shadow_prefill.builder import MatrixWorkload
+    from shadow_prefill.matrix import load_matrix
+    path = os.path.join(os.path.dirname(DATA), "llmrouter-dcrouter", "train.json")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} not found")
+    m = load_matrix(path)
+    pair = m.ordered_pair("mistral-7b-instruct-v0.3", "llama-3.1-8b-instruct")
+    loop = workload_preset("paper").loop
+    cfg = ClusterConfig(models=("mistral-7b-v0.3", "llama-3.1-8b"), cache_normal_requests=not a.free_normal)
+    sizes = traffic_sizes(a.traffic)
+    cap = calibrated_capacities(cfg, sizes)
+    sc = Scenario(rho=a.rho, warmup_s=a.warmup_s, measure_s=a.measure_s, drain_s=a.drain_s,
+                  session_rate=a.session_rate)
+    print(f"\n## router policy over {' / '.join(pair)} (paper: HSH 5.5 / 5.0 / 5.7 LLM-call reduction for "
+          f"max-accuracy / accuracy-per-cost / random; random gives 4.9 switches per session)")
+    for pol in ("max-accuracy", "accuracy-per-cost", "random"):
+        w = MatrixWorkload(m, loop, seed=0, policy=pol)
+        ss = w.sessions(pair)
+        sw = float(ss.is_switch.sum()) / ss.n_sessions
+        runs = run_grid(ss, cfg, ("No Shadow", "Harvest-SLO+Host", "Oracle+Host"), a.seeds, a.windows, sc, sizes,
+                        cap, workers=a.workers)
+        df = summarize_comparison(compare_runs(runs))
+        cells = [f"{r['approach']}: {_fmt(r['call_latency_reduction_pct'], r['call_latency_reduction_pct_se'])}"
+                 for _, r in df.iterrows() if r["approach"] != "No Shadow"]
+        print(f"{pol:18s} accuracy {w.accuracy(pair)['routed']:.3f}  switches/session {sw:4.2f}   " + "   ".join(cells))
+        emit(a, f"router:{pol}", df, {"switches_per_session": sw})
+
+
 def ablation(a):
     """The no-regression mechanism (issue 16): the pre-fix rules against the fixed ones on one grid."""
     ss, cfg, sizes, sc, cap = setup(a)
@@ -246,7 +276,8 @@ def ablation(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=("headline", "sweep", "context", "switch-rate", "traffic", "models", "ablation"))
+    ap.add_argument("part", choices=("headline", "sweep", "context", "switch-rate", "traffic", "models", "ablation",
+                                     "router"))
     ap.add_argument("params", nargs="*", help="sweep: parameter names (default: all of PAPER_SWEEPS)")
     ap.add_argument("--workload", choices=tuple(PAIRS), default="paper")
     ap.add_argument("--sessions", type=int, default=400)
@@ -269,7 +300,7 @@ def main():
         do_sweep(a, a.params or list(PAPER_SWEEPS))
     else:
         {"context": context, "switch-rate": switch_rate, "traffic": traffic, "models": models,
-         "ablation": ablation}[a.part](a)
+         "ablation": ablation, "router": router}[a.part](a)
 
 
 if __name__ == "__main__":

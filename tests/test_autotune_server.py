@@ -343,3 +343,15 @@ def test_cli_run_accepts_delta_auto_and_certified_search(tmp_path):
     for e in doc["entries"]:
         assert e["certificate"] in ("pruned-exact", "certified", "exhaustive") and 0 <= e["gap"] <= 0.01
         assert e["upper_bound_tok_s"] >= e["predicted_tok_s"]
+
+
+def test_the_deadline_is_taken_on_the_given_clock(tmp_path):
+    """An injected clock that jumps past the deadline: the call returns without waiting for the worker,
+    whatever the real time, and (background=False) the worker is killed and leaves a resumable file."""
+    ticks = iter([0.0] + [1e6] * 1000)
+    out = tmp_path / "th.json"
+    t = tune(SPEC, 9, out, time_budget_s=30.0, background=False, clock=lambda: next(ticks))
+    assert not t.complete and t.covered_concurrency <= 1 and t.lookup(9) == t.lookup(t.covered_concurrency or 1)
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["stopped_reason"].startswith("time budget of 30 s reached") and prov["resumable"] is True
+    assert str(out) not in autotune._WORKERS and sorted(os.listdir(tmp_path)) == ["th.json"]

@@ -144,7 +144,7 @@ def test_measure_cli(tmp_path):
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "tr_model.autotune_cli", "measure", *args], capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=600)  # a hang guard, not a timing
 
     r = cli("--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--thresholds", str(th), "--duration-s", "2",
             "--warmup-s", "0.2", "--time-scale", "3", "--format", "json")

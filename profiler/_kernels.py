@@ -340,8 +340,8 @@ def _parse_line(buf, p, e, names, offs, rec_i, rec_f):
                     return False
                 scale += -ev if eneg else ev
             if kidx == 0:
-                if not is_int:
-                    return False
+                if not is_int or nd > 18:
+                    return False  # the slow path checks the id's range
                 rec_i[0] = hash_bytes(buf, vs, p, 105)  # 'i'
             elif kidx >= 1 and kidx <= 3:
                 if not is_int or nd > 18:
@@ -372,8 +372,9 @@ def _parse_line(buf, p, e, names, offs, rec_i, rec_f):
         p += 1
     if p != e or seen != 31:
         return False
-    if rec_i[1] < 0 or rec_i[3] < -1 or rec_i[2] < 0 or rec_f[0] < 0.0 or rec_f[0] != rec_f[0]:
-        return False  # let the slow path name the field
+    if (rec_i[1] < 0 or rec_i[1] > 4611686018427387904 or rec_i[3] < -1 or rec_i[2] < 0 or rec_f[0] < 0.0
+            or rec_f[0] != rec_f[0] or rec_f[0] > 1e12):
+        return False  # outside the format's ranges (tr_core.routing_trace): let the slow path name the field
     return True
 
 

@@ -50,7 +50,8 @@ C = ', "committed_tokens": 1}'
 
 @pytest.mark.parametrize("lines,needle", [
     (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1' + C, "{not json"], "bad.jsonl:2: not valid JSON"),
-    (['{"request_id": 1, "step": 1, "model": 0, "next_model": 0' + C], "without gaps"),
+    (['{"request_id": 1, "step": 0, "model": 0, "next_model": 0' + C,
+      '{"request_id": 1, "step": 2, "model": 0, "next_model": 0' + C], "without gaps"),
     (['{"request_id": 1, "step": 0, "model": 0, "next_model": 1' + C,
       '{"request_id": 1, "step": 1, "model": 0, "next_model": 0' + C], "routed it to another model"),
     (['{"request_id": 1, "step": 0, "model": -1, "next_model": 0' + C], "'model'"),
@@ -145,11 +146,30 @@ def test_finished_marker_reused_ids_and_gzip(tmp_path):
     assert abs(r.throughput_tok_s - 1000.0 * 2 / (6.0 + 27.9 + 6.0)) <= 1.3 * r.throughput_ci95_tok_s + 0.5
 
 
-def test_finished_marker_in_the_middle_is_rejected():
+def test_a_finished_request_is_forgotten():
+    # after next_model = -1 the id is free: a later line of that id is a new request (here one recorded from
+    # step 1), by the same rule as the profiler's streaming reader, whose memory holds only requests in flight
     recs = [{"request_id": 1, "step": 0, "model": 0, "next_model": -1, "committed_tokens": 1},
             {"request_id": 1, "step": 1, "model": 0, "next_model": 0, "committed_tokens": 1}]
-    with pytest.raises(SpecError, match="step 1 of request 1 does not follow"):
+    tr = trace_from_records(recs)
+    assert tr.n_requests == 2 and tr.first_steps == (0, 1)
+    recs[1]["step"] = 0
+    recs.append({"request_id": 1, "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1})
+    with pytest.raises(SpecError, match="record 3: step 0 of request 1 does not follow"):
         trace_from_records(recs)
+
+
+def test_trace_that_began_mid_request_round_trips(tmp_path):
+    # the recorder started while request 7 was at its step 5: its first recorded line is step 5
+    recs = [{"request_id": 7, "step": 5, "model": 1, "next_model": 0, "committed_tokens": 1},
+            {"request_id": 8, "step": 0, "model": 0, "next_model": -1, "committed_tokens": 1},
+            {"request_id": 7, "step": 6, "model": 0, "next_model": -1, "committed_tokens": 2}]
+    tr = trace_from_records(recs)
+    assert tr.first_steps == (5, 0) and list(tr.offsets) == [0, 2, 3]
+    p = tmp_path / "w.jsonl"
+    write_trace(tr, p)
+    assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == [5, 6, 0]
+    assert read_trace(p).first_steps == (5, 0)
 
 
 def test_simulator_and_profiler_read_traces_by_the_same_rules(tmp_path):

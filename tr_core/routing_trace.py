@@ -24,16 +24,20 @@ refused, not converted; ``true`` is not an integer; ``1.0`` is not an integer.
 Rules across lines (:class:`Sequencer`), in file order:
 
 * lines of different requests may interleave freely;
-* **the lines of one request come in step order** ``0, 1, 2, ...`` without
-  gaps or repeats.  Out-of-order steps are refused, never sorted: the
+* **the lines of one request come in step order** ``k, k+1, k+2, ...``
+  without gaps or repeats; ``k`` is 0 for a request recorded from its start
+  and may be larger when the trace began while the request was running (its
+  first lines were not recorded; the profiler treats its first run as
+  censored, the simulator replays it from its first recorded step).
+  Out-of-order steps are refused, never sorted: the
   streaming reader of the profiler keeps only the requests in flight (memory
   bounded by concurrency, not by the trace), a recorder writes steps in order,
   and a trace whose steps are out of order was merged or edited wrongly;
 * a line's ``model`` equals the ``next_model`` of the request's previous line;
-* a request ends with ``next_model = -1``; the same ``request_id`` may then
-  start a new request at step 0; no step follows ``-1`` otherwise.  A request
-  still open at the end of the file is kept (its last decision is
-  informative only).
+* a request ends with ``next_model = -1`` and is forgotten (memory stays
+  bounded by the requests in flight): a later line with the same
+  ``request_id`` starts a new request.  A request still open at the end of
+  the file is kept (its last decision is informative only).
 
 Reading: ``.gz`` files are read transparently; blank lines are skipped; a last
 line without a newline that does not parse (a writer killed mid-write) is
@@ -73,7 +77,7 @@ MAX_TOKENS = 1e12
 # cross-line rule texts, shared with the profiler's compiled reader (profiler._kernels error codes 1-3)
 RULE_TEXT = {
     1: "step {step} of request {rid} does not follow its previous step (the steps of one request must come in "
-       "order 0, 1, 2, ... without gaps or repeats; out-of-order steps are refused, not sorted)",
+       "order k, k+1, k+2, ... without gaps or repeats; out-of-order steps are refused, not sorted)",
     2: "request {rid} runs on model {model} but its previous line routed it to another model (next_model)",
     3: "model {model} / next_model {nxt} outside the allowed range (model in 0..{mmax}, next_model in -1..{mmax})",
 }
@@ -110,6 +114,7 @@ class RoutingTrace:
     committed_tokens: np.ndarray
     request_ids: tuple = ()
     dropped_last_line: bool = False
+    first_steps: tuple = ()  # the step number of each request's first line (empty: all 0)
 
     @property
     def n_requests(self) -> int:
@@ -198,6 +203,7 @@ class Sequencer:
     def __init__(self):
         self._open: dict[Any, tuple[int, int, int]] = {}  # key -> (last step, its next_model, request index)
         self.n_requests = 0
+        self.first_steps: list[int] = []
 
     @staticmethod
     def _key(rid: str | int) -> tuple[str, str | int]:
@@ -207,10 +213,9 @@ class Sequencer:
         """Check ``rec`` against its request's previous line; return the index of its request (0, 1, ...)."""
         key = self._key(rec.request_id)
         prev = self._open.get(key)
-        if prev is None:
-            if rec.step != 0:
-                raise TraceError(f"{where}: " + RULE_TEXT[1].format(step=rec.step, rid=_show(rec.request_id)))
+        if prev is None:  # a new request: recorded from step 0, or from step k when the trace began mid-request
             idx = self.n_requests
+            self.first_steps.append(rec.step)
             self.n_requests += 1
         else:
             last_step, last_next, idx = prev
@@ -324,18 +329,19 @@ def trace_from_records(records: Iterable[Any], where: str = "trace") -> RoutingT
             rows.append([])
             ids.append(rec.request_id)
         rows[idx].append((rec.model, rec.next_model, rec.committed_tokens))
-    return _from_rows(rows, ids, where)
+    return _from_rows(rows, ids, where, first_steps=seq.first_steps)
 
 
-def _from_rows(rows, ids, where: str, dropped: bool = False) -> RoutingTrace:
+def _from_rows(rows, ids, where: str, dropped: bool = False, first_steps=()) -> RoutingTrace:
     if not rows:
         raise TraceError(f"{where}: the trace holds no steps")
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in rows], out=offsets[1:])
     flat = [x for r in rows for x in r]
     arr = np.asarray(flat, dtype=np.float64).reshape(-1, 3)
+    firsts = tuple(int(k) for k in first_steps) if any(first_steps) else ()
     return RoutingTrace(offsets, arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy(),
-                        tuple(ids), dropped)
+                        tuple(ids), dropped, firsts)
 
 
 def read_trace(path: str | os.PathLike) -> RoutingTrace:
@@ -353,7 +359,7 @@ def read_trace(path: str | os.PathLike) -> RoutingTrace:
             rows.append([])
             ids.append(rec.request_id)
         rows[idx].append((rec.model, rec.next_model, rec.committed_tokens))
-    return _from_rows(rows, ids, f"trace file {p!r}", lines.dropped_last_line)
+    return _from_rows(rows, ids, f"trace file {p!r}", lines.dropped_last_line, seq.first_steps)
 
 
 # ----------------------------------------------------------------------------
@@ -413,8 +419,9 @@ def write_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
         for r in range(trace.n_requests):
             rid = trace.request_ids[r] if trace.request_ids else r
             a, b = int(trace.offsets[r]), int(trace.offsets[r + 1])
+            s0 = int(trace.first_steps[r]) if trace.first_steps else 0
             for k in range(a, b):
-                f.write(format_record(rid, k - a, int(trace.model[k]), int(trace.next_model[k]),
+                f.write(format_record(rid, s0 + k - a, int(trace.model[k]), int(trace.next_model[k]),
                                       float(trace.committed_tokens[k])))
 
     atomic_write(path, dump, error=TraceError, what="trace")

@@ -86,7 +86,7 @@ def _fmt(v, e=None):
 def setup(a):
     sp = workload_preset(a.workload, n_sessions=a.sessions, seed=a.workload_seed)
     ss = generate_synthetic_sessions(sp, name=a.workload)
-    cfg = ClusterConfig(models=PAIRS[a.workload], cache_normal_requests=not a.free_normal)
+    cfg = ClusterConfig(models=PAIRS[a.workload], cache_normal_requests=not a.free_normal, instances=a.instances)
     sizes = traffic_sizes(a.traffic)
     sc = Scenario(rho=a.rho, warmup_s=a.warmup_s, measure_s=a.measure_s, drain_s=a.drain_s,
                   session_rate=a.session_rate)
@@ -219,7 +219,8 @@ def models(a):
     sp = workload_preset(a.workload, n_sessions=a.sessions, seed=a.workload_seed)
     sc = Scenario(rho=a.rho, warmup_s=a.warmup_s, measure_s=a.measure_s, drain_s=a.drain_s,
                   session_rate=a.session_rate)
-    df = sweep_models_per_router((2, 3), synthetic=sp, config=ClusterConfig(cache_normal_requests=not a.free_normal),
+    df = sweep_models_per_router((2, 3), synthetic=sp, config=ClusterConfig(cache_normal_requests=not a.free_normal,
+                                                                             instances=a.instances),
                                  seeds=a.seeds, windows=a.windows, scenario=sc, workers=a.workers)
     for _, r in df.iterrows():
         print(f"N={r['models_per_router']} {r['approach']:28s} {_fmt(r['call_latency_reduction_pct'], r['call_latency_reduction_pct_se'])}"
@@ -237,7 +238,8 @@ def router(a):
     m = load_matrix(path)
     pair = m.ordered_pair("mistral-7b-instruct-v0.3", "llama-3.1-8b-instruct")
     loop = workload_preset("paper").loop
-    cfg = ClusterConfig(models=("mistral-7b-v0.3", "llama-3.1-8b"), cache_normal_requests=not a.free_normal)
+    cfg = ClusterConfig(models=("mistral-7b-v0.3", "llama-3.1-8b"), cache_normal_requests=not a.free_normal,
+                        instances=a.instances)
     sizes = traffic_sizes(a.traffic)
     cap = calibrated_capacities(cfg, sizes)
     sc = Scenario(rho=a.rho, warmup_s=a.warmup_s, measure_s=a.measure_s, drain_s=a.drain_s,
@@ -287,6 +289,7 @@ def main():
     ap.add_argument("--windows", nargs="+", default=["peak"])
     ap.add_argument("--rho", type=float, default=0.7)
     ap.add_argument("--session-rate", type=float, default=0.2)
+    ap.add_argument("--instances", type=int, default=4, help="instances per model (halve with --session-rate)")
     ap.add_argument("--warmup-s", type=float, default=60.0)
     ap.add_argument("--measure-s", type=float, default=300.0)
     ap.add_argument("--drain-s", type=float, default=1200.0)

@@ -176,21 +176,17 @@ def outcome_table(N, M, P):
 
 
 @njit(cache=True)
-def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty):
+def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty, free, k2, b2, r2):
     """Post-launch keys reachable from the pre-decision configuration (k, b, r); returns their count.
 
     A model is idle when ``r == 0``.  With ``empty``, an idle model may also start an empty batch
     (busy for ``d[j, 0]`` quanta, serving nobody).
     """
-    free = np.zeros(M, dtype=np.int64)
     nf = 0
     for j in range(M):
         if r[j] == 0 and (k[j] >= 1 or empty) and k[j] >= lo[j] and k[j] < hi[j]:
             free[nf] = j
             nf += 1
-    k2 = np.empty(M, dtype=np.int64)
-    b2 = np.empty(M, dtype=np.int64)
-    r2 = np.empty(M, dtype=np.int64)
     cnt = 0
     for mask in range(1 << nf):
         for j in range(M):
@@ -255,13 +251,17 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
     clo = np.zeros(M, dtype=np.int64)
     chi = np.zeros(M, dtype=np.int64)
     optbuf = np.empty(1 << M, dtype=np.int64)
+    sf = np.zeros(M, dtype=np.int64)       # scratch of _options
+    sk = np.zeros(M, dtype=np.int64)
+    sb = np.zeros(M, dtype=np.int64)
+    sr = np.zeros(M, dtype=np.int64)
     ukeys = np.empty(256, dtype=np.int64)
     uprob = np.empty(256, dtype=np.float64)
 
     # initial configuration: all N wait at model 0, every allowed first decision is a start state
     k[0] = N
     n = 0
-    cnt = _options(k, b, r, lo, hi, caps, d, M, bn, br, optbuf, empty)
+    cnt = _options(k, b, r, lo, hi, caps, d, M, bn, br, optbuf, empty, sf, sk, sb, sr)
     if cnt == 0:
         return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
     for q in range(cnt):
@@ -340,7 +340,7 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
                 opt_ptr = _grow_i(opt_ptr, nu + 3)
             out_prob[nu] = uprob[o]
             _unpack(last, k2, b2, r2, M, bn, br)
-            cnt = _options(k2, b2, r2, lo, hi, caps, d, M, bn, br, optbuf, empty)
+            cnt = _options(k2, b2, r2, lo, hi, caps, d, M, bn, br, optbuf, empty, sf, sk, sb, sr)
             if cnt == 0:
                 return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
             if ne + cnt > max_entries:

@@ -245,7 +245,7 @@ class BoxResult:
 def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = None, d: np.ndarray | None = None,
               max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
               rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
-              empty: bool = False) -> BoxResult:
+              empty: bool = False, max_step: int = 4) -> BoxResult:
     """A proven upper bound on ``T(B)`` for every ``B`` with ``lo <= B <= hi`` (componentwise) at N.
 
     The box's decision process lets each idle model ``j`` launch or wait while
@@ -311,7 +311,7 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
             break
         if target is not None and lo_b >= target:      # the box really holds better policies: no prune
             break
-        step = min(2 * step, 32)
+        step = min(2 * step, max_step)
     return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), hi_b * scale, lo_b * scale, int(n),
                      sweeps, _time.perf_counter() - t0, "ok")
 

@@ -27,7 +27,7 @@ from optimizer.bounds import Bounder, gap as rel_gap
 from optimizer.evaluate import Evaluation
 from optimizer.search import TIE_RTOL, _optimum, evaluate_many, pick_best
 from tr_core import feasibility as F
-from tr_core.errors import SpecError
+from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.spec import SystemSpec
 
 # largest candidate list held in memory (about 1 GiB of tuples for M = 3)
@@ -73,11 +73,63 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
         cur = top.B
 
 
+def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
+              deadline: float | None, stats: dict) -> None:
+    """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
+
+    A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
+    at once; a box the bound cannot prune (or too large to build) is split; boxes with at most
+    ``min_box`` unresolved vectors are left to individual evaluation.
+    """
+    from optimizer.bounds import box_bound
+
+    M = spec.M
+    todo = [((1,) * M, (N,) * M)]
+    while todo:
+        if deadline is not None and time.perf_counter() > deadline:
+            return
+        lo, hi = todo.pop()
+        # clip: B_j - 1 <= N - 1 - sum_{i != j} (lo_i - 1)
+        slack = N - 1 - sum(x - 1 for x in lo)
+        if slack < 0:
+            continue
+        hi = tuple(min(h, l + slack) for l, h in zip(lo, hi))
+        inside = [B for B in cands if all(a <= b <= c for a, b, c in zip(lo, B, hi))]
+        open_ = [B for B in inside if B not in by_B and B not in pruned_set]
+        if len(open_) <= min_box:
+            continue
+        holds_best = any(e.throughput_tok_s >= best * (1.0 - TIE_RTOL) and all(a <= b <= c for a, b, c in zip(lo, B, hi))
+                         for B, e in by_B.items())
+        r = None
+        if not holds_best:
+            stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
+            r = box_bound(spec, N, lo, hi, target_tok_s=best, max_states=max_box_states,
+                          round_to_grid=kw.get("round_to_grid", False))
+            stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
+        if r is not None and r.status == "ok" and r.upper_tok_s < best * (1.0 - TIE_RTOL):
+            stats["boxes_pruned"] = stats.get("boxes_pruned", 0) + 1
+            for B in open_:
+                pruned_set.add(B)
+                pruned.append((B, f"box{lo}-{hi}", r.upper_tok_s))
+            continue
+        j = max(range(M), key=lambda i: hi[i] - lo[i])
+        if hi[j] == lo[j]:
+            continue
+        mid = (lo[j] + hi[j]) // 2
+        a_hi = tuple(mid if i == j else hi[i] for i in range(M))
+        b_lo = tuple(mid + 1 if i == j else lo[i] for i in range(M))
+        todo.append((b_lo, hi))
+        todo.append((lo, a_hi))
+
+
 def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
                      max_gap: float = 0.0, time_budget_s: float | None = None,
                      max_evaluations: int | None = None, start: Sequence[int] | None = None,
                      eager: bool = True, workers: int = 1, executor=None, progress=None,
-                     batch: int | None = None, bounder: Bounder | None = None, **kw) -> "object":
+                     batch: int | None = None, bounder: Bounder | None = None, boxes: bool = False,
+                     min_box: int = 8, max_box_states: int = 400_000, cheap_states: int = 5_000, cheap_factor: int = 8,
+                     stats: dict | None = None,
+                     **kw) -> "object":
     """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`."""
     t0 = time.perf_counter()
     N = F.check_n(N)
@@ -111,9 +163,12 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     cands.sort(key=lambda B: (sum(abs(a - b) for a, b in zip(B, st)), -sum(B), B))
     best = max((e.throughput_tok_s for e in evals), default=-math.inf)
     pruned: list[tuple[tuple[int, ...], str, float]] = []
+    pruned_set: set = set()
+    stats = {} if stats is None else stats
     unresolved: list[tuple[tuple[int, ...], str, float]] = []
     limit = max_evaluations
     stop_reason = None
+    deferred: list[tuple[int, ...]] = []
 
     def prunable(v: float) -> bool:
         if best == -math.inf:
@@ -122,42 +177,71 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             return v <= best / (1.0 - max_gap)
         return v < best * (1.0 - TIE_RTOL)
 
-    i = 0
-    n = len(cands)
-    while i < n:
-        todo = []
-        while i < n and len(todo) < batch:
-            B = cands[i]
-            i += 1
-            if B in seen:
+    def run(order, ekw, defer: bool) -> None:
+        """Evaluate ``order`` in batches, skipping what the bounds prune; with ``defer``, chains
+        larger than ``ekw['max_states']`` are set aside (their enumeration stops early, cheaply)."""
+        nonlocal best, stop_reason
+        i, n = 0, len(order)
+        while i < n and stop_reason is None:
+            todo = []
+            while i < n and len(todo) < batch:
+                B = order[i]
+                i += 1
+                if B in seen or B in pruned_set:
+                    continue
+                bd = bounder.vector_bound(B)
+                if prunable(bd.value_tok_s):
+                    pruned.append((B, bd.name, bd.value_tok_s))
+                    pruned_set.add(B)
+                    continue
+                todo.append(B)
+            if not todo:
                 continue
-            b = bounder.vector_bound(B)
-            if prunable(b.value_tok_s):
-                pruned.append((B, b.name, b.value_tok_s))
+            if time_budget_s is not None and evals and time.perf_counter() - t0 > time_budget_s:
+                stop_reason = "time budget"
+            if limit is not None and len(evals) + len(todo) > limit:
+                stop_reason = stop_reason or "max_evaluations"
+            if stop_reason:
+                break
+            if defer:
+                new = []
+                for B in todo:
+                    try:
+                        new.extend(evaluate_many(spec, [(N, B)], workers=1, executor=executor, **ekw))
+                    except StateSpaceTooLarge:
+                        deferred.append(B)
+            else:
+                new = evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **ekw)
+            for e in new:
+                seen.add(e.B)
+                evals.append(e)
+                best = max(best, e.throughput_tok_s)
+            if progress:
+                progress(min(i, n), n)
+
+    if boxes:
+        # cheap chains first, exactly; the large ones are deferred, then pruned a box at a time
+        # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
+        top_states = pick_best(evals).states if evals else 0
+        cap = max(cheap_states, cheap_factor * top_states)
+        run(cands, {**kw, "max_states": min(cap, int(kw.get("max_states") or cap))}, True)
+        stats["deferred"] = len(deferred)
+        if deferred and stop_reason is None:
+            deadline = None if time_budget_s is None else t0 + time_budget_s
+            _box_pass(spec, N, best, {e.B: e for e in evals}, deferred, pruned_set, pruned, kw, min_box=min_box,
+                      max_box_states=max_box_states, deadline=deadline, stats=stats)
+        run(deferred, kw, False)
+    else:
+        run(cands, kw, False)
+    if stop_reason:
+        for B in cands:
+            if B in seen or B in pruned_set:
                 continue
-            todo.append(B)
-        if not todo:
-            continue
-        if time_budget_s is not None and evals and time.perf_counter() - t0 > time_budget_s:
-            stop_reason = "time budget"
-        if limit is not None and len(evals) + len(todo) > limit:
-            stop_reason = stop_reason or "max_evaluations"
-        if stop_reason:
-            rest = todo + [B for B in cands[i:] if B not in seen]
-            for B in rest:
-                b = bounder.vector_bound(B)
-                if prunable(b.value_tok_s):
-                    pruned.append((B, b.name, b.value_tok_s))
-                else:
-                    unresolved.append((B, b.name, b.value_tok_s))
-            break
-        new = evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **kw)
-        for e in new:
-            seen.add(e.B)
-            evals.append(e)
-            best = max(best, e.throughput_tok_s)
-        if progress:
-            progress(min(i, n), n)
+            bd = bounder.vector_bound(B)
+            if prunable(bd.value_tok_s):
+                pruned.append((B, bd.name, bd.value_tok_s))
+            else:
+                unresolved.append((B, bd.name, bd.value_tok_s))
     if not evals:
         raise SpecError("no threshold vector was evaluated")
     if unresolved and max_gap == 0 and stop_reason == "max_evaluations" and time_budget_s is None:

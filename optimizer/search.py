@@ -178,6 +178,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
                         search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                         time_budget_s: float | None = None, max_evaluations: int | None = None,
                         start: Sequence[int] | None = None, eager: bool = True, policies=None,
+                        boxes: bool = True,
                         workers: int = 1, executor=None, progress=None, **kw) -> Optimum:
     """B* at concurrency N (see the module docstring for ``search``).
 
@@ -187,6 +188,8 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     pruned/certified modes (its chain is the largest; the eager fields are NaN).
     ``policies``: an :class:`optimizer.bounds.PolicyBounds` table whose
     all-policy bounds tighten ``upper_bound_tok_s`` (and so the gap).
+    ``boxes``: in the pruned/certified modes, set large chains aside and
+    prune them a box at a time (:func:`optimizer.bounds.box_bound`).
     """
     N = F.check_n(N)
     search = _check_search(search)
@@ -213,7 +216,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     from optimizer.branch import branch_and_bound
     bounder = Bounder(spec, N, round_to_grid=kw.get("round_to_grid", False), policies=policies)
     return branch_and_bound(spec, N, candidates=candidates, max_gap=0.0 if search == "pruned" else max_gap,
-                            bounder=bounder,
+                            bounder=bounder, boxes=boxes,
                             time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
                             eager=eager, workers=workers, executor=executor, progress=progress, **kw)
 

@@ -134,3 +134,20 @@ def test_cli_refuses_with_exit_3_and_one_line(argv, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "--max-evaluations" in lines[0]
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("spec,N", [(R2R, 8), (RSTITCH, 6), (ME, 4)])
+def test_box_pruning_keeps_the_exact_answer(spec, N):
+    """Force the box pass (every chain over 30 states is deferred): same B*, every pruned box proven."""
+    ex = optimize_thresholds(spec, N)
+    table = {e.B: e.throughput_tok_s for e in ex.evaluations}
+    stats = {}
+    o = branch_and_bound(spec, N, bounder=Bounder(spec, N), boxes=True, cheap_states=30, cheap_factor=0,
+                         min_box=2,
+                         start=(1,) * spec.M, stats=stats)
+    _same(ex, o)
+    assert o.certificate == "pruned-exact"
+    assert o.evaluated + o.pruned == len(table)
+    assert stats["deferred"] > 0 and stats.get("boxes_tried", 0) > 0
+    for B, name, value in o.pruned_vectors:
+        assert table[B] <= value * (1 + 1e-9) and value < o.throughput_tok_s

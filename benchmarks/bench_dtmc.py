@@ -8,6 +8,7 @@ Usage (from the repository root, in the project's virtual environment)::
     python benchmarks/bench_dtmc.py sweep       # exhaustive B* for N = 1..32 with 2 workers
     python benchmarks/bench_dtmc.py tolerance   # B* with the default solver == B* with scipy direct
     python benchmarks/bench_dtmc.py coldstart   # first and second tr-optimize --N 8 in a fresh numba cache
+    python benchmarks/bench_dtmc.py solvers     # issue 13: previous default solver vs the new one, side by side
     python benchmarks/bench_dtmc.py all
 
 Every timing is the median of ``--repeat`` runs (default 5; 1 for the slow
@@ -65,6 +66,66 @@ def stages(repeat):
           "(BFS/assembly: last run)")
     print(format_table(["N", "states", "transitions", "BFS ms", "assembly ms", "solve ms", "whole eval ms",
                         "scipy spsolve s", "speedup", "residual", "spsolve residual", "rel diff tok/s"], rows))
+
+
+def previous_default(T):
+    """The default solve before issue 13, stage for stage: closed classes, Anderson-accelerated Gauss-Seidel
+    on the transposed recurrent block, and the residual (which transposed T a second time); no bound."""
+    from dtmc.solve import _anderson
+    n = T.shape[0]
+    labels, closed = dtmc.closed_classes(T)
+    rec = np.flatnonzero(labels == np.flatnonzero(closed)[0])
+    sub = T if rec.size == n else T[rec][:, rec].tocsr()
+    TT = sub.T.tocsr()
+    TT.sort_indices()
+    x, _, _ = _anderson(TT, dtmc.DEFAULT_TOL, 5_000, None)
+    pi = np.zeros(n)
+    pi[rec] = x
+    return pi, dtmc.residual(T, pi)
+
+
+def solvers(repeat):
+    """Issue 13: speed of the previous default vs the new one on well-conditioned chains, and accuracy of both
+    on the issue's nearly decomposable chains (reference: GTH in 50 digits is in the tests; here the
+    issue's quoted values and a GTH in reverse Cuthill-McKee order)."""
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    tr_model.evaluate(R2R, 2, (1, 1))
+    rows = []
+    for N in (8, 16, 32):
+        d, _ = R2R.quanta_table(N)
+        ch = dtmc.build_chain(R2R.P, R2R.C, d, N, (1, 1))
+        t_old, (pi_old, _) = median_time(lambda: previous_default(ch.T), repeat)
+        t_new, st = median_time(lambda: dtmc.stationary_distribution(ch.T), repeat)
+        b_t, _ = median_time(lambda: dtmc.build_chain(R2R.P, R2R.C, d, N, (1, 1)), repeat)
+        e_old = b_t + t_old
+        e_new, ev = median_time(lambda: tr_model.evaluate(R2R, N, (1, 1)), repeat)
+        thr_old = dtmc.throughput_per_quantum(pi_old, ch.g, ch.tau) * 1e4
+        rows.append([N, ch.n_states, f"{t_old * 1e3:.1f}", f"{t_new * 1e3:.1f}", f"{t_new / t_old:.2f}",
+                     f"{e_old * 1e3:.1f}", f"{e_new * 1e3:.1f}", f"{e_new / e_old:.2f}", ev.solver,
+                     f"{ev.throughput_error_bound:.1e}", f"{abs(ev.throughput_tok_s - thr_old) / thr_old:.1e}"])
+    print(f"R2R p=0.35, L=(6.0, 27.9) ms, delta=0.1 ms, B=(1,1); medians of {repeat} runs; "
+          "whole eval (previous) = build + previous solve")
+    print(format_table(["N", "states", "solve ms (previous)", "solve ms (new)", "ratio", "whole eval ms (previous)",
+                        "whole eval ms (new)", "ratio", "solver", "throughput bound", "rel diff tok/s"], rows))
+    rows = []
+    for p, B, quoted in ((0.999, (1, 7), 471.2141), (0.999, (1, 8), 471.97663), (0.9999, (1, 7), None),
+                         (0.9999, (1, 8), None), (0.999, (1, 1), None)):
+        spec = tr_model.preset("r2r", [6.0, 27.9], p=p)
+        d, _ = spec.quanta_table(16)
+        ch = dtmc.build_chain(spec.P, spec.C, d, 16, B)
+        order = reverse_cuthill_mckee((ch.T + ch.T.T).tocsr(), symmetric_mode=True)
+        ref_st = dtmc.stationary_distribution(ch.T[order][:, order].tocsr(), solver="gth")
+        ref = dtmc.throughput_per_quantum(ref_st.pi, ch.g[order], ch.tau[order]) * 1e4
+        t_old, (pi_old, res_old) = median_time(lambda: previous_default(ch.T), 1)
+        thr_old = dtmc.throughput_per_quantum(pi_old, ch.g, ch.tau) * 1e4
+        t_new, ev = median_time(lambda: tr_model.evaluate(spec, 16, B), 1)
+        rows.append([p, " ".join(map(str, B)), ch.n_states, "-" if quoted is None else f"{quoted}", f"{ref:.7f}",
+                     f"{thr_old:.4f}", f"{abs(thr_old - ref) / ref:.1e}", f"{res_old:.0e}",
+                     f"{ev.throughput_tok_s:.7f}", f"{abs(ev.throughput_tok_s - ref) / ref:.1e}",
+                     f"{ev.throughput_error_bound:.1e}", f"{ev.solver} / {ev.bound_method}", f"{ev.seconds:.2f}"])
+    print("R2R L=(6.0, 27.9) ms, N = 16: previous default vs new default (reference: GTH in RCM order)")
+    print(format_table(["p", "B", "states", "quoted", "reference tok/s", "previous", "prev. error", "prev. residual",
+                        "new", "new error", "new bound", "new solver / bound", "new s"], rows))
 
 
 def _child_peak(code: str) -> tuple[dict, float]:
@@ -187,7 +248,7 @@ def coldstart():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "all"])
+    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "solvers", "all"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nmax", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
@@ -207,6 +268,8 @@ def main():
         tolerance(12)
     if a.what in ("coldstart", "all"):
         coldstart()
+    if a.what in ("solvers", "all"):
+        solvers(a.repeat)
 
 
 if __name__ == "__main__":

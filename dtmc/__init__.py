@@ -78,7 +78,9 @@ def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEF
     if st.pi_alt is not None:
         # no proven bound: ten times the difference of two independent GTH solves (an estimate)
         alt = throughput_per_quantum(st.pi_alt, chain.g, chain.tau)
-        thr_bound = float(10.0 * abs(thr - alt) / max(abs(thr), 1e-300) + 1e-15)
+        # (and never below the pi estimate: two vectors far apart that happen to agree on one ratio
+        # prove nothing about it)
+        thr_bound = max(float(10.0 * abs(thr - alt) / max(abs(thr), 1e-300) + 1e-15), st.error_bound)
     else:
         thr_bound = throughput_bound(st.error_bound, st.n_recurrent)
     t1 = time.perf_counter()

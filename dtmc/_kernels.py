@@ -818,58 +818,39 @@ def _find(uf, a):
 
 
 @njit(cache=True)
-def _max_flow_tree(indptr, indices, data, x):
-    """A spanning tree of (nearly) maximal one-way flows ``x_i T_ij`` (Kruskal on bucketed flows).
+def _flow_bucket(wq, SUB):
+    """Bucket of a positive flow: steps of 2^(1/SUB), larger flows in smaller buckets."""
+    m, e = math.frexp(wq)
+    b = (1100 - e) * SUB + (SUB - 1 - int((m - 0.5) * 2 * SUB))
+    if b < 0:
+        return 0
+    if b >= 2200 * SUB:
+        return 2200 * SUB - 1
+    return b
 
-    Edges are bucketed by flow in steps of 2^(1/4) (a counting sort, linear
-    time) and added in decreasing buckets while they join two components, so
-    every edge across the cut that a tree edge closes carries at most 2^(1/4)
-    times that edge's flow.  Returns ``(order, parent, w)``: states in
-    breadth-first order of the tree from state 0 (parents first; shorter
-    than n when the graph is disconnected), each state's parent and a lower
-    bound on the flow of the edge to it.
-    """
-    n = indptr.shape[0] - 1
-    nnz = indptr[n]
-    SUB = 4
+
+@njit(cache=True)
+def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne, SUB):
+    """Add edges (entries ``eq`` of rows ``erow``) by decreasing bucketed flow while they join components."""
     NB = 2200 * SUB
-    bucket = np.full(nnz, -1, dtype=np.int64)
+    n = uf.shape[0]
+    m = eq.shape[0]
     count = np.zeros(NB + 1, dtype=np.int64)
-    for i in range(n):
-        for q in range(indptr[i], indptr[i + 1]):
-            j = indices[q]
-            if j != i:
-                wq = x[i] * data[q]
-                if wq > 0.0:
-                    m, e = math.frexp(wq)
-                    # larger flows get smaller bucket numbers
-                    b = (1100 - e) * SUB + (SUB - 1 - int((m - 0.5) * 2 * SUB))
-                    if b < 0:
-                        b = 0
-                    elif b >= NB:
-                        b = NB - 1
-                    bucket[q] = b
-                    count[b + 1] += 1
+    bk = np.empty(m, dtype=np.int64)
+    for t in range(m):
+        b = _flow_bucket(x[erow[t]] * data[eq[t]], SUB)
+        bk[t] = b
+        count[b + 1] += 1
     for b in range(NB):
         count[b + 1] += count[b]
-    eq = np.empty(count[NB], dtype=np.int64)
-    erow = np.empty(count[NB], dtype=np.int64)
-    for i in range(n):
-        for q in range(indptr[i], indptr[i + 1]):
-            b = bucket[q]
-            if b >= 0:
-                eq[count[b]] = q
-                erow[count[b]] = i
-                count[b] += 1
-    uf = np.arange(n)
-    usz = np.ones(n, dtype=np.int64)
-    ta = np.empty(n, dtype=np.int64)
-    tb = np.empty(n, dtype=np.int64)
-    tw = np.empty(n, dtype=np.float64)
-    ne = 0
-    for t in range(eq.shape[0]):
+    perm = np.empty(m, dtype=np.int64)
+    for t in range(m):
+        perm[count[bk[t]]] = t
+        count[bk[t]] += 1
+    for r in range(m):
         if ne == n - 1:
             break
+        t = perm[r]
         i = erow[t]
         q = eq[t]
         j = indices[q]
@@ -884,6 +865,78 @@ def _max_flow_tree(indptr, indices, data, x):
             tb[ne] = j
             tw[ne] = x[i] * data[q] * (1.0 - _gamma(1))
             ne += 1
+    return ne
+
+
+@njit(cache=True)
+def _max_flow_tree(indptr, indices, data, x):
+    """A spanning tree of large one-way flows ``x_i T_ij`` (Kruskal on bucketed flows).
+
+    First pass: every state's largest outgoing and incoming flow (these
+    contain Boruvka's first round, all edges of the maximum spanning tree);
+    Kruskal over them with flows bucketed in steps of 2^(1/4) (a counting
+    sort).  If that leaves several components, Kruskal continues over all
+    edges.  Returns ``(order, parent, w)``: states in breadth-first order of
+    the tree from state 0 (parents first; shorter than n when the graph is
+    disconnected), each state's parent and a lower bound on the flow of the
+    edge to it.
+    """
+    n = indptr.shape[0] - 1
+    SUB = 4
+    best_out = np.full(n, -1, dtype=np.int64)
+    bo_w = np.zeros(n, dtype=np.float64)
+    best_in = np.full(n, -1, dtype=np.int64)
+    bi_w = np.zeros(n, dtype=np.float64)
+    bi_row = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        xi = x[i]
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            if j != i:
+                wq = xi * data[q]
+                if wq > bo_w[i]:
+                    bo_w[i] = wq
+                    best_out[i] = q
+                if wq > bi_w[j]:
+                    bi_w[j] = wq
+                    best_in[j] = q
+                    bi_row[j] = i
+    m = 0
+    for i in range(n):
+        if best_out[i] >= 0:
+            m += 1
+        if best_in[i] >= 0:
+            m += 1
+    eq = np.empty(m, dtype=np.int64)
+    erow = np.empty(m, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        if best_out[i] >= 0:
+            eq[m] = best_out[i]
+            erow[m] = i
+            m += 1
+        if best_in[i] >= 0:
+            eq[m] = best_in[i]
+            erow[m] = bi_row[i]
+            m += 1
+    uf = np.arange(n)
+    usz = np.ones(n, dtype=np.int64)
+    ta = np.empty(n, dtype=np.int64)
+    tb = np.empty(n, dtype=np.int64)
+    tw = np.empty(n, dtype=np.float64)
+    ne = _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, 0, SUB)
+    if ne < n - 1:
+        nnz = indptr[n]
+        eq = np.empty(nnz, dtype=np.int64)
+        erow = np.empty(nnz, dtype=np.int64)
+        m = 0
+        for i in range(n):
+            for q in range(indptr[i], indptr[i + 1]):
+                if indices[q] != i and x[i] * data[q] > 0.0:
+                    eq[m] = q
+                    erow[m] = i
+                    m += 1
+        ne = _kruskal_pass(eq[:m], erow[:m], indices, data, x, uf, usz, ta, tb, tw, ne, SUB)
     # root the tree at state 0 (breadth-first)
     deg = np.zeros(n + 1, dtype=np.int64)
     for e in range(ne):

@@ -164,7 +164,6 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
                         f"initial state, so no single stationary distribution exists")
     rec = np.flatnonzero(labels == cls[0])
     sub = T if rec.size == n else T[rec][:, rec].tocsr()
-    sub.sort_indices()
     TT = sub.T.tocsr()
     TT.sort_indices()
     pi_sub, used, iters, log_bound, how, alt = _solve_irreducible(
@@ -178,7 +177,8 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
         pi_alt[rec] = alt
         # an estimate, not a bound: ten times the l1 distance of two GTH solves in different orders
         bound = float(10.0 * np.abs(pi_sub - alt).sum() + 1e-15)
-    res = _residual_tt(TT, pi_sub) if rec.size == n else residual(T, pi)
+    # the class is closed, so (pi T)_j = 0 = pi_j on every transient state: the residual is the block's
+    res = _residual_tt(TT, pi_sub)
     return StationaryResult(pi=pi, residual=res, solver=used, iterations=iters,
                             seconds=time.perf_counter() - t0, n_recurrent=int(rec.size),
                             n_transient=int(n - rec.size), error_bound=bound, bound_method=how,
@@ -353,6 +353,9 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         plan = gth_plan(T, limit)
         if plan[1] <= limit and plan[2] <= GTH_MAX_BYTES:
             xg, Lg, how, alt = gth(T, plan)
+            if alt is None and not np.isfinite(Lg) and used is not None:
+                # no bound and no second GTH order: the iterate is the second, independent solve
+                alt, how = x, "estimate: GTH vs anderson"
             if used is None or Lg <= L or alt is not None:
                 return xg, f"gth (after {'anderson' if used is None else used.split(' ')[0]})", it, Lg, how, alt
         if used is not None:

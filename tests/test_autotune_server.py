@@ -355,3 +355,23 @@ def test_the_deadline_is_taken_on_the_given_clock(tmp_path):
     prov = json.loads(out.read_text())["provenance"]
     assert prov["stopped_reason"].startswith("time budget of 30 s reached") and prov["resumable"] is True
     assert str(out) not in autotune._WORKERS and sorted(os.listdir(tmp_path)) == ["th.json"]
+
+
+def test_rows_certified_under_a_per_n_budget_are_honest(tmp_path):
+    """With a tiny search budget per N the rows are certified with whatever gap the bounds reached; the
+    exhaustive optimum must lie between each row's throughput and its upper bound."""
+    out = tmp_path / "th.json"
+    t = tune(SPEC, 14, out, time_budget_per_n_s=0.02)
+    doc = json.loads(out.read_text())
+    assert t.complete and doc["provenance"]["options"]["time_budget_per_n_s"] == 0.02
+    assert inputs_sha256(SPEC, 14, solver_options()) != doc["provenance"]["inputs_sha256"]
+    for n in (1, 9, 14):
+        e = doc["entries"][n - 1]
+        assert e["certificate"] in ("exhaustive", "pruned-exact", "certified")
+        best = tr_model.optimize(SPEC, n)                       # exhaustive, the definition of B*
+        assert e["predicted_tok_s"] <= best.throughput_tok_s * (1 + 1e-9)
+        assert e["upper_bound_tok_s"] >= best.throughput_tok_s * (1 - 1e-9)
+        assert e["gap"] == pytest.approx((e["upper_bound_tok_s"] - e["predicted_tok_s"]) / e["upper_bound_tok_s"],
+                                         abs=1e-12)
+        if e["certificate"] != "certified":
+            assert e["gap"] == 0 and tuple(e["thresholds"]) == best.best_B

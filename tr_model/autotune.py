@@ -98,8 +98,13 @@ def _first_line(e: BaseException) -> str:
 
 def solver_options(solver: str = "auto", tol: float | None = None, max_states: int | None = None,
                    round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
-                   max_evaluations: int | None = None) -> dict:
-    """The options of the per-N optimization (part of the inputs hash)."""
+                   max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> dict:
+    """The options of the per-N optimization (part of the inputs hash).
+
+    ``time_budget_per_n_s``: stop each N's certified search after this many
+    seconds; the row is then certified with whatever gap its bounds reached
+    (possibly above ``max_gap``), so the worker keeps moving through N.
+    """
     if search not in SEARCHES:
         raise SpecError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}")
     if isinstance(max_gap, bool) or not isinstance(max_gap, (int, float)) or not 0 <= max_gap < 1:
@@ -107,8 +112,15 @@ def solver_options(solver: str = "auto", tol: float | None = None, max_states: i
     if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
                                         or max_evaluations < 1):
         raise SpecError(f"max_evaluations must be an integer >= 1, got {max_evaluations!r}")
-    return {"solver": solver, "tol": tol, "max_states": max_states, "round_to_grid": bool(round_to_grid),
+    if time_budget_per_n_s is not None and (isinstance(time_budget_per_n_s, bool)
+                                            or not isinstance(time_budget_per_n_s, (int, float))
+                                            or not math.isfinite(time_budget_per_n_s) or time_budget_per_n_s <= 0):
+        raise SpecError(f"time_budget_per_n_s must be > 0 seconds, got {time_budget_per_n_s!r}")
+    opts = {"solver": solver, "tol": tol, "max_states": max_states, "round_to_grid": bool(round_to_grid),
             "search": search, "max_gap": float(max_gap), "max_evaluations": max_evaluations}
+    if time_budget_per_n_s is not None:  # absent when unset: the hash of earlier tables stays valid
+        opts["time_budget_per_n_s"] = float(time_budget_per_n_s)
+    return opts
 
 
 def inputs_sha256(spec: SystemSpec, max_concurrency: int, options: Mapping[str, Any] | None = None) -> str:
@@ -227,6 +239,8 @@ def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None):
         for key in ("max_gap", "max_evaluations"):
             if key in params and opts.get(key) is not None:
                 kw[key] = opts[key]
+        if "time_budget_s" in params and opts.get("time_budget_per_n_s") is not None:
+            kw["time_budget_s"] = opts["time_budget_per_n_s"]
         if "start" in params and start is not None:
             kw["start"] = tuple(start)  # B*(N-1): orders the work only
         return S.optimize_thresholds(spec, n, **kw)
@@ -347,7 +361,7 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
          search: str = "auto", max_gap: float = 0.005, max_evaluations: int | None = None,
-         worker_lock: str | None = None, worker_token: str | None = None,
+         time_budget_per_n_s: float | None = None, worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
          clock: Callable[[], float] = time.monotonic) -> ThresholdTable:
@@ -369,7 +383,8 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
                                       or not math.isfinite(time_budget_s) or time_budget_s < 0):
         raise SpecError(f"time_budget_s must be >= 0 seconds, got {time_budget_s!r}")
     out = os.fspath(out)
-    opts = solver_options(solver, tol, max_states, round_to_grid, search, max_gap, max_evaluations)
+    opts = solver_options(solver, tol, max_states, round_to_grid, search, max_gap, max_evaluations,
+                          time_budget_per_n_s)
     h = inputs_sha256(spec, max_concurrency, opts)
     cache_file = os.path.join(os.fspath(cache_dir), h + ".json") if cache_dir is not None else None
     if worker_lock is None:
@@ -585,7 +600,7 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
                     cache_dir: str | os.PathLike | None = None, background: bool = True, *,
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
                     round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
-                    max_evaluations: int | None = None) -> ThresholdTable:
+                    max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> ThresholdTable:
     """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 
     Returns the cached table at once when the inputs hash matches; otherwise
@@ -603,7 +618,7 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
         return tune(spec, max_concurrency, out, time_budget_s=time_budget_s, cache_dir=cache_dir,
                     background=background, solver=solver, tol=tol, max_states=max_states,
                     round_to_grid=round_to_grid, search=search, max_gap=max_gap, max_evaluations=max_evaluations,
-                    keep_on_write_error=True)
+                    time_budget_per_n_s=time_budget_per_n_s, keep_on_write_error=True)
     except Exception as e:  # noqa: BLE001 - a server must start whatever happened
         log.warning("tr-autotune: %s; using the eager fallback (all thresholds 1)", _first_line(e))
     return ThresholdTable.eager(M, max_concurrency)

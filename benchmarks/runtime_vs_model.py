@@ -202,7 +202,7 @@ def main(argv=None):
         f"--slices {args.slices} --seed {args.seed} --clock {args.clock}`",
         f"Machine: {os.cpu_count()} cores, no GPU, shared and noisy (other agents running); Python "
         f"{platform.python_version()}. All {len(rows)} configurations measured side by side in one event loop "
-        f"over the same {args.duration_s:g} s wall-clock window ({args.duration_s / args.time_scale:g} s of model "
+        f"over the same {args.duration_s:g} s {'virtual-clock' if args.clock == 'virtual' else 'wall-clock'} window ({args.duration_s / args.time_scale:g} s of model "
         f"time each); predictions took {t_pred:.1f} s, measurement {t_meas:.0f} s. Largest mean timer overshoot: "
         f"{100 * noise:.2f}% of a step.",
         "",

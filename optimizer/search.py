@@ -273,7 +273,9 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     order = sorted(set(Ns))
     policies = None
     if policy_bound_n is None:
-        policy_bound_n = min(max(order), 12) if search in ("certified", "local", "auto") else 0
+        needs = search in ("certified", "local") or (
+            search == "auto" and (time_budget_s is not None or F.count_feasible(max(order), spec.M) > AUTO_EXHAUSTIVE_MAX))
+        policy_bound_n = min(max(order), 12) if needs else 0
     if policy_bound_n and policy_bound_n > 0:
         from optimizer.bounds import PolicyBounds
         policies = PolicyBounds(spec, round_to_grid=kw.get("round_to_grid", False)).compute([policy_bound_n])

@@ -158,6 +158,11 @@ def _summary(table) -> tuple[list, list]:
         eag = table.eager_tok_s[n - 1] if table.eager_tok_s else math.nan
         gain = pred / eag if eag and math.isfinite(eag) and eag > 0 and math.isfinite(pred) else None
         rows.append([n, " ".join(map(str, table.thresholds[n - 1])), f"{pred:.2f}", f"{eag:.2f}", gain])
+    if table.certificates:  # schema 2: how each row was obtained, and its gap to a proven upper bound
+        headers = headers + ["certificate", "gap"]
+        for r in rows:
+            g = table.gaps[r[0] - 1]
+            r += [table.certificates[r[0] - 1], "-" if g is None else f"{g:.2g}"]
     return headers, rows
 
 
@@ -167,10 +172,10 @@ def _table_text(table, fmt: str, path: str) -> str:
         with open(path, "r", encoding="utf-8") as f:
             return json.dumps(json.load(f), indent=1) + "\n"
     if fmt == "csv":
-        return to_csv(headers, [r[:4] + ["" if r[4] is None else f"{r[4]:.4f}"] for r in rows])
+        return to_csv(headers, [r[:4] + ["" if r[4] is None else f"{r[4]:.4f}"] + r[5:] for r in rows])
     status = "complete" if table.complete else f"partial (N = 1..{table.covered_concurrency})"
     return (f"thresholds for N = 1..{table.max_concurrency}: {status}\n"
-            + format_table(headers, [r[:4] + [format_gain(r[4])] for r in rows]) + "\n")
+            + format_table(headers, [r[:4] + [format_gain(r[4])] + r[5:] for r in rows]) + "\n")
 
 
 def _why_partial(table) -> str | None:

@@ -427,6 +427,8 @@ class TorchExecutor:
     def reset(self) -> None:
         """Forget every request (all slots free, log cleared): call between closed-loop runs, whose unfinished
         requests never give their slots back."""
+        for pool in self._pools:  # a step of the stopped run may still be writing into its slots: let it finish
+            pool.submit(lambda: None).result()
         self.free = [list(range(m.n_slots - 1, -1, -1)) for m in self.models]
         with self._lock:
             self.step_log = []

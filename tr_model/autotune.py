@@ -507,19 +507,26 @@ def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, 
         write_thresholds(target, placeholder)
     proc = spawn_worker(spec, max_concurrency, target, h, cache_dir=None if private else cache_dir, options=opts)
     rc = None
-    while True:
-        if proc is not None:
-            rc = proc.poll()
-            if rc is not None:
+    try:
+        while True:
+            if proc is not None:
+                rc = proc.poll()
+                if rc is not None:
+                    break
+            else:  # a worker started by an earlier start fills the file: stop as soon as it is complete
+                cur = _load_matching(target, h)
+                if cur is not None and cur["complete"]:
+                    break
+            left = deadline - clock()
+            if left <= 0:
                 break
-        else:  # a worker started by an earlier start fills the file: stop as soon as it is complete
-            cur = _load_matching(target, h)
-            if cur is not None and cur["complete"]:
-                break
-        left = deadline - clock()
-        if left <= 0:
-            break
-        time.sleep(min(0.05, left))
+            time.sleep(min(0.05, left))
+    except BaseException:  # Ctrl-C while waiting: a worker nobody will wait for is not left running
+        if proc is not None and (not background or private):
+            stop_worker(target)
+        if private:
+            shutil.rmtree(private, ignore_errors=True)
+        raise
     killed = False
     if proc is not None and rc is None and (not background or private):
         stop_worker(target)

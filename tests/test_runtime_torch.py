@@ -184,3 +184,19 @@ def test_cuda_graph_steps_equal_eager_steps_and_serve_a_routed_run():
     ex.close()
     assert r.tokens > 0 and r.min_batch_size[1] >= 2
     assert sum(s["graph"] for s in ex.step_log) > 0.5 * len(ex.step_log)
+
+
+def test_shapes_of_the_project_configs_match_the_profiles_byte_counts():
+    import os
+    from tr_model.runtime.torch_executor import Qwen3Shape, load_shape
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    small = load_shape(os.path.join(root, "data", "models", "Qwen3-0.6B", "config.json"))
+    large = load_shape(os.path.join(root, "data", "models", "Qwen3-32B", "config.json"))
+    # the H200 profiles' weight_bytes and kv_bytes_per_token, computed there from the transformers models
+    assert small.weight_bytes() == 1_192_099_840 and small.kv_bytes_per_token() == 114_688
+    assert large.weight_bytes() == 65_524_246_528 and large.kv_bytes_per_token() == 262_144
+    assert small.tie_word_embeddings and not large.tie_word_embeddings and small.head_dim == 128
+    # transformers 5 keeps rope_theta in rope_parameters
+    d = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "rope_parameters": {"rope_theta": 5000.0}}
+    assert Qwen3Shape.from_config(d).rope_theta == 5000.0 and Qwen3Shape.from_config(d).head_dim == 4

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import threading
 import time

@@ -59,3 +59,18 @@ def test_bad_cost_arguments():
                {"corun_slowdown": [1, 2]}, {"prompt_tokens": -1}):
         with pytest.raises(SpecError):
             simulate(R2R, 2, (1, 1), steps=2_000, **kw)
+
+
+def test_the_runtime_with_catch_up_costs_agrees_with_the_simulator():
+    # an independent implementation of the same law: the runtime's emulated executor tracks what each model has
+    # seen per request object, the simulator per slot in its kernel; short requests make first visits (a whole
+    # history to catch up) frequent
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    e = 2.0
+    ex = EmulatedExecutor(R2R.latency_ms, extend_ms_per_token=lambda m, b: e if m == 1 else 0.0)
+    r = measure_closed_loop(R2R, 4, (1, 3), ex, duration_s=200.0, warmup_s=2.0, max_output_tokens=24, prompt_len=0,
+                            seed=1, slices=16, clock="virtual")
+    s = simulate(R2R, 4, (1, 3), steps=400_000, seed=3, request_tokens=24, extend_ms_per_token=[0.0, e])
+    plain = simulate(R2R, 4, (1, 3), steps=400_000, seed=3, request_tokens=24)
+    assert plain.throughput_tok_s - s.throughput_tok_s > 10 * (s.throughput_ci95_tok_s + plain.throughput_ci95_tok_s)
+    assert abs(r.throughput_tok_s - s.throughput_tok_s) <= 1.5 * (r.throughput_ci95_tok_s + s.throughput_ci95_tok_s)

@@ -5,8 +5,11 @@ decoding loop; the coroutine returns when the step is over, with the next token
 id of every request in the batch (or ``None`` when no real tokens exist).
 
 * :class:`EmulatedExecutor` sleeps ``L_i(b) * time_scale`` milliseconds, where
-  ``L_i(b)`` is the spec's step latency (constant or a batch-size curve).  It
-  sleeps until an absolute deadline so that event-loop lag does not accumulate
+  ``L_i(b)`` is the spec's step latency (constant or a batch-size curve),
+  plus, with ``extend_ms_per_token(model, b)``, the catch-up cost of the
+  tokens the model has not seen (the law of ``simulator.simulate``'s
+  ``extend_ms_per_token``, so that the two can be checked against each
+  other).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
   inside a step, and records how far each wake-up overshot the deadline: with
   asyncio on Linux the overshoot is typically 0-1 ms (epoll's millisecond
   timeout granularity), so ``time_scale`` must make the shortest step long
@@ -45,10 +48,12 @@ class EmulatedExecutor(StepExecutor):
     spec's time units.
     """
 
-    def __init__(self, latency_ms: Callable[[int, int], float], time_scale: float = 1.0):
+    def __init__(self, latency_ms: Callable[[int, int], float], time_scale: float = 1.0,
+                 extend_ms_per_token: Callable[[int, int], float] | None = None):
         if not (time_scale > 0):
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         self.latency_ms = latency_ms
+        self.extend_ms_per_token = extend_ms_per_token
         self.time_scale = float(time_scale)
         self.overshoot_s_total = 0.0
         self.nominal_s_total = 0.0
@@ -56,7 +61,17 @@ class EmulatedExecutor(StepExecutor):
 
     async def step(self, model: int, batch: Sequence[Any]) -> None:
         loop = asyncio.get_running_loop()
-        nominal = self.latency_ms(model, len(batch)) * self.time_scale / 1000.0
+        ms = self.latency_ms(model, len(batch))
+        if self.extend_ms_per_token is not None:
+            # the catch-up a real executor pays: each row feeds the tokens this model has not seen (prompt +
+            # committed tokens since the request's last step here); the batch is as long as its longest row
+            T = 1.0
+            for r in batch:
+                have = r.prompt_len + r.committed
+                T = max(T, have - r.executor_state.get(("seen", model), 0.0))
+                r.executor_state[("seen", model)] = have
+            ms += self.extend_ms_per_token(model, len(batch)) * (T - 1.0)
+        nominal = ms * self.time_scale / 1000.0
         deadline = loop.time() + nominal
         while True:
             left = deadline - loop.time()

@@ -210,6 +210,10 @@ def test_an_unwritable_cache_folder_keeps_the_computed_table(tmp_path, caplog):
         recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
         assert len(recs) == 1 and "cache folder" in recs[0]
         assert os.listdir(cache) == []
+        # the hook (worker process) too: the computed table is served, not the eager fallback
+        t2 = on_server_start(SPEC, 4, tmp_path / "th2.json", time_budget_s=120, cache_dir=cache,
+                             background=False)
+        assert t2.complete and t2.source == "file" and t2.lookup(4) == (1, 3) and os.listdir(cache) == []
 
 
 def test_state_space_limit_stops_the_table(tmp_path):

@@ -74,3 +74,17 @@ def test_the_runtime_with_catch_up_costs_agrees_with_the_simulator():
     plain = simulate(R2R, 4, (1, 3), steps=400_000, seed=3, request_tokens=24)
     assert plain.throughput_tok_s - s.throughput_tok_s > 10 * (s.throughput_ci95_tok_s + plain.throughput_ci95_tok_s)
     assert abs(r.throughput_tok_s - s.throughput_tok_s) <= 1.5 * (r.throughput_ci95_tok_s + s.throughput_ci95_tok_s)
+
+
+def test_the_runtime_with_co_running_slowdown_agrees_with_the_simulator():
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    f = [[1.0, 2.0], [1.2, 1.0]]
+    for B in [(1, 1), (1, 4)]:
+        ex = EmulatedExecutor(R2R.latency_ms, corun_slowdown=f)
+        r = measure_closed_loop(R2R, 6, B, ex, duration_s=150.0, warmup_s=2.0, max_output_tokens=10 ** 6, seed=2,
+                                slices=16, clock="virtual")
+        s = simulate(R2R, 6, B, steps=400_000, seed=5, corun_slowdown=f)
+        plain = simulate(R2R, 6, B, steps=400_000, seed=5)
+        assert plain.throughput_tok_s - s.throughput_tok_s > 10 * (s.throughput_ci95_tok_s + plain.throughput_ci95_tok_s)
+        assert abs(r.throughput_tok_s - s.throughput_tok_s) <= 1.5 * (r.throughput_ci95_tok_s + s.throughput_ci95_tok_s), (
+            B, r.throughput_tok_s, s.throughput_tok_s)

@@ -9,7 +9,9 @@ id of every request in the batch (or ``None`` when no real tokens exist).
   plus, with ``extend_ms_per_token(model, b)``, the catch-up cost of the
   tokens the model has not seen (the law of ``simulator.simulate``'s
   ``extend_ms_per_token``, so that the two can be checked against each
-  other).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
+  other), and, with ``corun_slowdown``, stretched while other models run
+  (model i progresses at rate ``1 / prod_k f_ik`` over the running models k,
+  the simulator's law).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
   inside a step, and records how far each wake-up overshot the deadline: with
   asyncio on Linux the overshoot is typically 0-1 ms (epoll's millisecond
   timeout granularity), so ``time_scale`` must make the shortest step long
@@ -49,11 +51,14 @@ class EmulatedExecutor(StepExecutor):
     """
 
     def __init__(self, latency_ms: Callable[[int, int], float], time_scale: float = 1.0,
-                 extend_ms_per_token: Callable[[int, int], float] | None = None):
+                 extend_ms_per_token: Callable[[int, int], float] | None = None,
+                 corun_slowdown: Sequence[Sequence[float]] | None = None):
         if not (time_scale > 0):
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         self.latency_ms = latency_ms
         self.extend_ms_per_token = extend_ms_per_token
+        self.corun = [list(map(float, row)) for row in corun_slowdown] if corun_slowdown is not None else None
+        self._running: dict[int, dict] = {}
         self.time_scale = float(time_scale)
         self.overshoot_s_total = 0.0
         self.nominal_s_total = 0.0
@@ -72,6 +77,11 @@ class EmulatedExecutor(StepExecutor):
                 r.executor_state[("seen", model)] = have
             ms += self.extend_ms_per_token(model, len(batch)) * (T - 1.0)
         nominal = ms * self.time_scale / 1000.0
+        if self.corun is not None:
+            await self._shared_step(loop, model, nominal)
+            self.nominal_s_total += nominal
+            self.steps += 1
+            return None
         deadline = loop.time() + nominal
         while True:
             left = deadline - loop.time()
@@ -82,6 +92,48 @@ class EmulatedExecutor(StepExecutor):
         self.nominal_s_total += nominal
         self.steps += 1
         return None
+
+    # ---- co-running: models share the device and progress at rate 1 / prod_k corun[i][k] ----------------------
+    def _advance(self, now: float) -> None:
+        for e in self._running.values():
+            e["rem"] -= (now - e["t"]) / e["f"]
+            e["t"] = now
+
+    def _reschedule(self, loop: Any) -> None:
+        now = loop.time()
+        for i, e in self._running.items():
+            f = 1.0
+            for k in self._running:
+                if k != i:
+                    f *= self.corun[i][k]
+            e["f"] = f
+            if e["handle"] is not None:
+                e["handle"].cancel()
+            e["handle"] = loop.call_at(now + max(0.0, e["rem"]) * f, self._complete, loop, i)
+
+    def _complete(self, loop: Any, model: int) -> None:
+        self._advance(loop.time())
+        e = self._running.pop(model)
+        if not e["fut"].done():
+            e["fut"].set_result(None)
+        self._reschedule(loop)
+
+    async def _shared_step(self, loop: Any, model: int, nominal_s: float) -> None:
+        """A step of ``nominal_s`` seconds of solo work; the set of running models (it changes only when a step
+        starts or ends) sets every running step's rate, as in ``simulator.simulate``'s ``corun_slowdown``."""
+        self._advance(loop.time())
+        fut = loop.create_future()
+        entry = {"rem": nominal_s, "t": loop.time(), "f": 1.0, "fut": fut, "handle": None}
+        self._running[model] = entry
+        self._reschedule(loop)
+        try:
+            await fut
+        finally:
+            if self._running.get(model) is entry:  # cancelled (the run ended): leave the device
+                self._advance(loop.time())
+                entry["handle"].cancel()
+                del self._running[model]
+                self._reschedule(loop)
 
     @property
     def relative_timer_noise(self) -> float:

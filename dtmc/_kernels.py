@@ -818,42 +818,35 @@ def _find(uf, a):
 
 
 @njit(cache=True)
-def _flow_bucket(wq, SUB):
-    """Bucket of a positive flow: steps of 2^(1/SUB), larger flows in smaller buckets."""
-    m, e = math.frexp(wq)
-    b = (1100 - e) * SUB + (SUB - 1 - int((m - 0.5) * 2 * SUB))
-    if b < 0:
-        return 0
-    if b >= 2200 * SUB:
-        return 2200 * SUB - 1
-    return b
+def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne):
+    """Add edges (entries ``eq`` of rows ``erow``) by decreasing bucketed flow while they join components.
 
-
-@njit(cache=True)
-def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne, SUB):
-    """Add edges (entries ``eq`` of rows ``erow``) by decreasing bucketed flow while they join components."""
-    NB = 2200 * SUB
+    A positive double's bit pattern shifted right by 50 is its exponent and two leading mantissa
+    bits: a bucket index monotone in the flow, in steps of at most 2^(1/4) (a counting sort).
+    """
+    NB = 8192
     n = uf.shape[0]
     m = eq.shape[0]
-    count = np.zeros(NB + 1, dtype=np.int64)
-    bk = np.empty(m, dtype=np.int64)
+    wv = np.empty(m, dtype=np.float64)
     for t in range(m):
-        b = _flow_bucket(x[erow[t]] * data[eq[t]], SUB)
-        bk[t] = b
-        count[b + 1] += 1
+        wv[t] = x[erow[t]] * data[eq[t]]
+    bits = wv.view(np.int64)
+    count = np.zeros(NB + 1, dtype=np.int64)
+    for t in range(m):
+        count[NB - 1 - (bits[t] >> 50) + 1] += 1
     for b in range(NB):
         count[b + 1] += count[b]
     perm = np.empty(m, dtype=np.int64)
     for t in range(m):
-        perm[count[bk[t]]] = t
-        count[bk[t]] += 1
+        b = NB - 1 - (bits[t] >> 50)
+        perm[count[b]] = t
+        count[b] += 1
     for r in range(m):
         if ne == n - 1:
             break
         t = perm[r]
         i = erow[t]
-        q = eq[t]
-        j = indices[q]
+        j = indices[eq[t]]
         ri = _find(uf, i)
         rj = _find(uf, j)
         if ri != rj:
@@ -863,7 +856,7 @@ def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne, SUB):
             usz[rj] += usz[ri]
             ta[ne] = i
             tb[ne] = j
-            tw[ne] = x[i] * data[q] * (1.0 - _gamma(1))
+            tw[ne] = wv[t] * (1.0 - _gamma(1))
             ne += 1
     return ne
 
@@ -875,14 +868,13 @@ def _max_flow_tree(indptr, indices, data, x):
     First pass: every state's largest outgoing and incoming flow (these
     contain Boruvka's first round, all edges of the maximum spanning tree);
     Kruskal over them with flows bucketed in steps of 2^(1/4) (a counting
-    sort).  If that leaves several components, Kruskal continues over all
+    sort over the exponent bits).  If that leaves several components, Kruskal continues over all
     edges.  Returns ``(order, parent, w)``: states in breadth-first order of
     the tree from state 0 (parents first; shorter than n when the graph is
     disconnected), each state's parent and a lower bound on the flow of the
     edge to it.
     """
     n = indptr.shape[0] - 1
-    SUB = 4
     best_out = np.full(n, -1, dtype=np.int64)
     bo_w = np.zeros(n, dtype=np.float64)
     best_in = np.full(n, -1, dtype=np.int64)
@@ -924,7 +916,7 @@ def _max_flow_tree(indptr, indices, data, x):
     ta = np.empty(n, dtype=np.int64)
     tb = np.empty(n, dtype=np.int64)
     tw = np.empty(n, dtype=np.float64)
-    ne = _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, 0, SUB)
+    ne = _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, 0)
     if ne < n - 1:
         nnz = indptr[n]
         eq = np.empty(nnz, dtype=np.int64)
@@ -936,7 +928,7 @@ def _max_flow_tree(indptr, indices, data, x):
                     eq[m] = q
                     erow[m] = i
                     m += 1
-        ne = _kruskal_pass(eq[:m], erow[:m], indices, data, x, uf, usz, ta, tb, tw, ne, SUB)
+        ne = _kruskal_pass(eq[:m], erow[:m], indices, data, x, uf, usz, ta, tb, tw, ne)
     # root the tree at state 0 (breadth-first)
     deg = np.zeros(n + 1, dtype=np.int64)
     for e in range(ne):

@@ -72,6 +72,7 @@ DIRECT_FALLBACK_LIMIT = 300_000
 ACCURACY_TARGET = 1e-9
 ACCURACY_TOL = 1e-6
 GTH_CHEAP_WORK = 2e8
+GTH_CHEAP_NNZ = 300_000   # above this many transitions the cheap re-solve is not even planned
 GTH_MAX_WORK = 2e10
 GTH_MAX_BYTES = 2 * 2**30
 
@@ -347,6 +348,9 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
             if solver == "anderson" or tb <= ACCURACY_TARGET:
                 return x, used, it, L, "tree bound", None
             limit = GTH_MAX_WORK if tb > ACCURACY_TOL else GTH_CHEAP_WORK
+            if limit == GTH_CHEAP_WORK and T.nnz > GTH_CHEAP_NNZ:
+                # a bound in (1e-9, 1e-6] on a big chain: GTH would not be cheap; skip even planning it
+                return x, used, it, L, "tree bound", None
         else:
             limit = GTH_MAX_WORK
         # auto: the iterate is not bounded tightly enough (or did not converge): GTH where it fits

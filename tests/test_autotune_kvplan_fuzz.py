@@ -26,7 +26,8 @@ PLACEMENT = {"schema_version": 1, "name": "two", "gpu_memory_gib": 80, "memory_b
              "reserved_gib_per_model_gpu": 0, "page_size_tokens": 1,
              "models": [{"name": "small", "config": "small.json", "gpus": [0], "tensor_parallel": 1},
                         {"name": "large", "config": "large.json", "gpus": [0, 1], "tensor_parallel": 2}]}
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=120, deadline=None, database=None,  # no .hypothesis folder in the tree
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _setup(tmp_path, placement=None, small=None, large=None):

@@ -220,7 +220,8 @@ def test_written_file_matches_the_json_schema(tmp_path):
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=150, deadline=None, database=None,  # no .hypothesis folder in the tree
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _load_or_error(path):

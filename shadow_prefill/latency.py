@@ -253,9 +253,13 @@ class ModelArch:
         else:
             per_tok = e_inter = shared = dense_layers = 0
             inter = _cfg_int(cfg, "intermediate_size", where)
-        dt = str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")) or "bfloat16").replace("torch.", "").lower()
+        dt = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")) or "bfloat16"
+        if not isinstance(dt, str):
+            from shadow_prefill.inputs import short_repr
+            raise ShadowError(f"{where}: field 'torch_dtype' must be a string like \"bfloat16\", got {short_repr(dt)}")
+        dt = dt.replace("torch.", "").lower()
         if dt not in DTYPE_BYTES:
-            raise ShadowError(f"{where}: unknown dtype {dt!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+            raise ShadowError(f"{where}: unknown dtype {dt[:40]!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
         kvd = DTYPE_BYTES[dt]
         if kv_dtype not in (None, "auto"):
             if kv_dtype.lower() not in DTYPE_BYTES:
@@ -364,6 +368,10 @@ class GPUSpec:
                 d[k] = check_float(v, k, fail, lo=-1e30, hi=1e30)
         try:
             return cls(**{"name": "gpu", **d})
+        except ShadowError as e:  # the range checks of __post_init__: name the file too
+            if where == "GPU":
+                raise
+            raise ShadowError(f"{where}: {e}") from None
         except TypeError as e:
             raise ShadowError(f"{where}: {e}") from None
 
@@ -542,7 +550,9 @@ class LatencyModel:
         if not isinstance(d, Mapping) or d.get("kind") != "latency_model":
             raise ShadowError(f"{where}: not a saved latency model (expected \"kind\": \"latency_model\")")
         if d.get("schema_version") != 1:
-            raise ShadowError(f"{where}: unsupported schema_version {d.get('schema_version')!r} (this tool reads 1)")
+            from shadow_prefill.inputs import short_repr
+            raise ShadowError(f"{where}: unsupported schema_version {short_repr(d.get('schema_version'))} "
+                              f"(this tool reads 1)")
         from shadow_prefill.inputs import check_float, check_int, short_repr
 
         def fail(msg: str):
@@ -689,10 +699,13 @@ def read_profile_points(path: str | os.PathLike) -> tuple[list[dict], int | None
                             "prefill_pairs": b * E * (C + (E + 1) / 2), "time_s": st.median_ms / 1e3})
         return pts, prof.kv_bytes_per_token
     if kind != "iteration_points":
-        raise InputFileError(path, f"unknown profile kind {kind!r}: expected 'latency_profile' (tr-profile latency) "
+        from shadow_prefill.inputs import short_repr
+        raise InputFileError(path, f"unknown profile kind {short_repr(kind)}: expected 'latency_profile' (tr-profile latency) "
                                    f"or 'iteration_points'")
     if doc.get("schema_version") != 1:
-        raise InputFileError(path, f"unsupported schema_version {doc.get('schema_version')!r} (this tool reads 1)")
+        from shadow_prefill.inputs import short_repr
+        raise InputFileError(path, f"unsupported schema_version {short_repr(doc.get('schema_version'))} "
+                                   f"(this tool reads 1)")
     if not isinstance(doc.get("points"), list) or not doc["points"]:
         raise InputFileError(path, "'points' must be a non-empty list")
     from shadow_prefill.inputs import check_float

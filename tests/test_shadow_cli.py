@@ -264,3 +264,25 @@ def test_subprocess_entry_point(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 2
     assert r.stderr == f"error: {tr}:1: missing field 'step'\n"
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_interrupt_is_one_line_and_writes_nothing(capsys, monkeypatch, tmp_path, wrapped):
+    # Ctrl-C inside a compiled kernel surfaces as numba's SystemError whose context is the KeyboardInterrupt;
+    # before, that was a 50-line traceback and exit 1
+    import shadow_prefill.cli as cli
+
+    def interrupted(*a, **k):
+        if not wrapped:
+            raise KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("CPUDispatcher(<function issue_times>) returned a result with an exception set")
+
+    monkeypatch.setattr(cli, "compute_switch_tax", interrupted)
+    out = tmp_path / "stats.json"
+    rc = main(["stats", "--synthetic", "--sessions", "3", "--out", str(out)])
+    o, err = capsys.readouterr()
+    assert rc == 130 and err == "error: interrupted\n" and o == ""
+    assert os.listdir(tmp_path) == []

@@ -178,6 +178,15 @@ def _run_dir(base: str, kind: str) -> str:
     return path
 
 
+def _drop_if_empty(path: str | None) -> None:
+    """A failed run leaves no empty run folder behind (what it did write stays, for the post-mortem)."""
+    if path:
+        try:
+            os.rmdir(path)  # only succeeds when empty
+        except OSError:
+            pass
+
+
 def _check_int(value: int, flag: str, lo: int) -> None:
     if value < lo:
         raise SpecError(f"{flag} must be >= {lo}, got {value}")
@@ -411,8 +420,15 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     dtype = _default_dtype(a.dtype, device)
     _set_threads(a)
     models, names = _load_models(a.model, dtype, device, a.seed)
-    trace_out = a.trace_out or os.path.join(_run_dir(a.run_dir, f"route-run-{a.policy}"), "trace.jsonl")
-    res = _do_route_run(a, models, names, trace_out)
+    folder = None if a.trace_out else _run_dir(a.run_dir, f"route-run-{a.policy}")
+    trace_out = a.trace_out or os.path.join(folder, "trace.jsonl")
+    try:
+        res = _do_route_run(a, models, names, trace_out)
+    except BaseException:
+        if folder and os.path.exists(trace_out) and os.path.getsize(trace_out) == 0:
+            os.unlink(trace_out)
+        _drop_if_empty(folder)
+        raise
     est = estimate_routing(trace_out, n_models=len(models))
     rows, lines = _routing_summary(est)
     lines.insert(0, f"route-run: {res.requests} requests, {res.steps} steps, {res.committed_tokens} tokens "
@@ -426,10 +442,7 @@ def cmd_route_run(a: argparse.Namespace) -> int:
 
 
 def cmd_system(a: argparse.Namespace) -> int:
-    from profiler.latency import load_latency_profile, load_model, profile_latency, resolve_device
-    from profiler.routing import estimate_routing
-    from tr_core.fileio import atomic_write
-    from tr_core.spec import save_spec, spec_to_dict
+    from profiler.latency import load_latency_profile, resolve_device
 
     fmt = output_format(a)
     paths = a.model or []
@@ -457,8 +470,24 @@ def cmd_system(a: argparse.Namespace) -> int:
         if not os.path.exists(p):
             raise SpecError(f"--model {p!r} does not exist (a model folder or a config.json file)")
     profiles = [load_latency_profile(p) for p in a.latency_profile]  # read (and refused) before any work
-    run_dir = _run_dir(a.run_dir, "system")
     device = resolve_device(a.device) if paths else "cpu"
+    run_dir = _run_dir(a.run_dir, "system")
+    try:
+        return _system_in(a, fmt, paths, sizes, profiles, run_dir, device)
+    except BaseException:
+        trace = os.path.join(run_dir, "trace.jsonl")
+        if os.path.exists(trace) and os.path.getsize(trace) == 0:
+            os.unlink(trace)
+        _drop_if_empty(run_dir)
+        raise
+
+
+def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
+    from profiler.latency import load_model, profile_latency
+    from profiler.routing import estimate_routing
+    from tr_core.fileio import atomic_write
+    from tr_core.spec import save_spec, spec_to_dict
+
     dtype = _default_dtype(a.dtype, device)
     if paths:
         _set_threads(a)

@@ -97,7 +97,7 @@ def test_import_profiler_and_routing_cli_without_torch(tmp_path):
     assert spec.step_latency_ms == (6.0, 27.9)
 
 
-def test_routing_cli_spec_feeds_tr_optimize(run_tool, tmp_path):
+def test_routing_cli_spec_feeds_tr_optimize(run_tool, run_main, tmp_path):
     trace = tmp_path / "t.jsonl"
     write_synthetic_trace(trace, [[0.7, 0.3], [1.0, 0.0]], [[1, 0], [1, 0]], n_requests=40, steps_per_request=50,
                           seed=4)
@@ -105,7 +105,7 @@ def test_routing_cli_spec_feeds_tr_optimize(run_tool, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "note: --step-latency-ms is deprecated; use --L" in r.stderr
     assert "comma-separated" in r.stderr and r.stdout == ""
-    r = run_tool("tr-profile", "routing", "--trace", trace, "--L", "6", "27.9", "--format", "csv")
+    r = run_main("routing", "--trace", trace, "--L", "6", "27.9", "--format", "csv")
     assert r.returncode == 0, r.stderr
     header = r.stdout.splitlines()[0].split(",")
     assert header[:4] == ["from", "to", "count", "p"] and len(r.stdout.splitlines()) == 5
@@ -113,7 +113,7 @@ def test_routing_cli_spec_feeds_tr_optimize(run_tool, tmp_path):
     assert abs(spec.P[0, 1] - 0.3) < 0.05
     r = run_tool("tr-optimize", "--spec", "spec.json", "--N", "4", "--format", "json")
     assert r.returncode == 0, r.stderr
-    r = run_tool("tr-profile", "routing", "--trace", trace)
+    r = run_main("routing", "--trace", trace)
     assert r.returncode == 0 and "geometric" in r.stdout
 
 
@@ -277,6 +277,7 @@ def test_system_refuses_mixed_profiles_unless_allowed(run_main, tmp_path):
                  "--allow-mixed")
     assert_error(run_main(*base, files["g0"], files["x1"]), "model 1", "extend", "decode step", "--allow-mixed")
     assert_error(run_main(*base, files["g0"], files["c1"]), "mix", "on CPU")
+    assert not os.path.exists(os.path.join("runs", "profile")) or not os.listdir(os.path.join("runs", "profile"))
     r = run_main(*base, files["g0"], files["e1"], "--allow-mixed", "--out", tmp_path / "mixed.json")
     assert r.returncode == 0, r.stderr
     assert "accepted: --allow-mixed" in r.stderr

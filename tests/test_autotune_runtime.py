@@ -59,7 +59,7 @@ def test_runtime_agrees_with_the_chain_and_ranks_thresholds_like_it():
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     res = {}
     for B in [(1, 1), (1, 3)]:
-        r = measure_closed_loop(spec, 4, B, EmulatedExecutor(spec.latency_ms), duration_s=150.0, warmup_s=2.0,
+        r = measure_closed_loop(spec, 4, B, EmulatedExecutor(spec.latency_ms), duration_s=100.0, warmup_s=2.0,
                                 max_output_tokens=512, seed=3, slices=15, clock="virtual")
         ev = tr_model.evaluate(spec, 4, B)
         # the runtime is the chain's dynamics up to the order of simultaneous events: the difference must lie

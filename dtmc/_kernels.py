@@ -818,19 +818,16 @@ def _find(uf, a):
 
 
 @njit(cache=True)
-def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne):
-    """Add edges (entries ``eq`` of rows ``erow``) by decreasing bucketed flow while they join components.
+def _kruskal_pass(ea, eb, ew, uf, usz, ta, tb, tw, ne):
+    """Add edges ``ea -> eb`` (flows ``ew``) by decreasing bucketed flow while they join components.
 
     A positive double's bit pattern shifted right by 50 is its exponent and two leading mantissa
     bits: a bucket index monotone in the flow, in steps of at most 2^(1/4) (a counting sort).
     """
     NB = 8192
     n = uf.shape[0]
-    m = eq.shape[0]
-    wv = np.empty(m, dtype=np.float64)
-    for t in range(m):
-        wv[t] = x[erow[t]] * data[eq[t]]
-    bits = wv.view(np.int64)
+    m = ea.shape[0]
+    bits = ew.view(np.int64)
     count = np.zeros(NB + 1, dtype=np.int64)
     for t in range(m):
         count[NB - 1 - (bits[t] >> 50) + 1] += 1
@@ -845,8 +842,8 @@ def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne):
         if ne == n - 1:
             break
         t = perm[r]
-        i = erow[t]
-        j = indices[eq[t]]
+        i = ea[t]
+        j = eb[t]
         ri = _find(uf, i)
         rj = _find(uf, j)
         if ri != rj:
@@ -856,79 +853,47 @@ def _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, ne):
             usz[rj] += usz[ri]
             ta[ne] = i
             tb[ne] = j
-            tw[ne] = wv[t] * (1.0 - _gamma(1))
+            tw[ne] = ew[t] * (1.0 - _gamma(1))
             ne += 1
     return ne
 
 
 @njit(cache=True)
-def _max_flow_tree(indptr, indices, data, x):
+def _max_flow_tree(indptr, indices, data, x, ea, eb, ew):
     """A spanning tree of large one-way flows ``x_i T_ij`` (Kruskal on bucketed flows).
 
-    First pass: every state's largest outgoing and incoming flow (these
-    contain Boruvka's first round, all edges of the maximum spanning tree);
-    Kruskal over them with flows bucketed in steps of 2^(1/4) (a counting
-    sort over the exponent bits).  If that leaves several components, Kruskal continues over all
-    edges.  Returns ``(order, parent, w)``: states in breadth-first order of
-    the tree from state 0 (parents first; shorter than n when the graph is
-    disconnected), each state's parent and a lower bound on the flow of the
-    edge to it.
+    ``ea -> eb`` (flows ``ew``, all positive): every state's largest outgoing
+    and incoming flow, found by the caller (these contain Boruvka's first
+    round, all edges of the maximum spanning tree).  Kruskal runs over them
+    with flows bucketed in steps of 2^(1/4) (a counting sort over the
+    exponent bits); if that leaves several components, it continues over all
+    edges of T.  Returns ``(order, parent, w)``: states in breadth-first
+    order of the tree from state 0 (parents first; shorter than n when the
+    graph is disconnected), each state's parent and a lower bound on the
+    flow of the edge to it.
     """
     n = indptr.shape[0] - 1
-    best_out = np.full(n, -1, dtype=np.int64)
-    bo_w = np.zeros(n, dtype=np.float64)
-    best_in = np.full(n, -1, dtype=np.int64)
-    bi_w = np.zeros(n, dtype=np.float64)
-    bi_row = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        xi = x[i]
-        for q in range(indptr[i], indptr[i + 1]):
-            j = indices[q]
-            if j != i:
-                wq = xi * data[q]
-                if wq > bo_w[i]:
-                    bo_w[i] = wq
-                    best_out[i] = q
-                if wq > bi_w[j]:
-                    bi_w[j] = wq
-                    best_in[j] = q
-                    bi_row[j] = i
-    m = 0
-    for i in range(n):
-        if best_out[i] >= 0:
-            m += 1
-        if best_in[i] >= 0:
-            m += 1
-    eq = np.empty(m, dtype=np.int64)
-    erow = np.empty(m, dtype=np.int64)
-    m = 0
-    for i in range(n):
-        if best_out[i] >= 0:
-            eq[m] = best_out[i]
-            erow[m] = i
-            m += 1
-        if best_in[i] >= 0:
-            eq[m] = best_in[i]
-            erow[m] = bi_row[i]
-            m += 1
     uf = np.arange(n)
     usz = np.ones(n, dtype=np.int64)
     ta = np.empty(n, dtype=np.int64)
     tb = np.empty(n, dtype=np.int64)
     tw = np.empty(n, dtype=np.float64)
-    ne = _kruskal_pass(eq, erow, indices, data, x, uf, usz, ta, tb, tw, 0)
+    ne = _kruskal_pass(ea, eb, ew, uf, usz, ta, tb, tw, 0)
     if ne < n - 1:
         nnz = indptr[n]
-        eq = np.empty(nnz, dtype=np.int64)
-        erow = np.empty(nnz, dtype=np.int64)
+        fa = np.empty(nnz, dtype=np.int64)
+        fb = np.empty(nnz, dtype=np.int64)
+        fw = np.empty(nnz, dtype=np.float64)
         m = 0
         for i in range(n):
             for q in range(indptr[i], indptr[i + 1]):
-                if indices[q] != i and x[i] * data[q] > 0.0:
-                    eq[m] = q
-                    erow[m] = i
+                wq = x[i] * data[q]
+                if indices[q] != i and wq > 0.0:
+                    fa[m] = i
+                    fb[m] = indices[q]
+                    fw[m] = wq
                     m += 1
-        ne = _kruskal_pass(eq[:m], erow[:m], indices, data, x, uf, usz, ta, tb, tw, ne)
+        ne = _kruskal_pass(fa[:m], fb[:m], fw[:m], uf, usz, ta, tb, tw, ne)
     # root the tree at state 0 (breadth-first)
     deg = np.zeros(n + 1, dtype=np.int64)
     for e in range(ne):
@@ -995,22 +960,39 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
     f = np.zeros(n, dtype=np.float64)
     beta = np.zeros(n, dtype=np.float64)
     u2 = UNIT_ROUNDOFF * UNIT_ROUNDOFF
+    # each state's largest outgoing and incoming flow: the candidate edges of the spanning tree
+    ea = np.empty(2 * n, dtype=np.int64)
+    eb = np.empty(2 * n, dtype=np.int64)
+    ew = np.empty(2 * n, dtype=np.float64)
+    ne = 0
     for j in range(n):
         # in- and outflow in double-double (error-free products and sums), so that the rounding left
         # in f_j is ~u^2 of the flows: subtree sums of f must resolve weak links carrying 1e-20 of the flow
         sh = 0.0
         sl = 0.0
         mo = 0
+        bq = -1
+        bp = 0.0
         for q in range(indptr[j], indptr[j + 1]):
             if indices[q] != j:
                 sh, e = _two_sum(sh, data[q])
                 sl += e
                 mo += 1
+                if data[q] > bp:
+                    bp = data[q]
+                    bq = q
         oh, ol = _two_prod(x[j], sh)
         ol += x[j] * sl
+        if bq >= 0 and x[j] * bp > 0.0:
+            ea[ne] = j
+            eb[ne] = indices[bq]
+            ew[ne] = x[j] * bp
+            ne += 1
         ih = 0.0
         il = 0.0
         mi = 0
+        bi = -1
+        bw = 0.0
         for q in range(tindptr[j], tindptr[j + 1]):
             i = tindices[q]
             if i != j:
@@ -1018,12 +1000,20 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
                 ih, e = _two_sum(ih, ph)
                 il += e + pl
                 mi += 1
+                if ph > bw:
+                    bw = ph
+                    bi = i
+        if bi >= 0:
+            ea[ne] = bi
+            eb[ne] = j
+            ew[ne] = bw
+            ne += 1
         dh, e = _two_sum(ih, -oh)
         f[j] = dh + (e + (il - ol))
         m = mi + mo + 4
         # (+ the absolute error of products that fell below the normal range, 2^-1074 each)
         beta[j] = 4.0 * m * m * u2 * (ih + oh) + UNIT_ROUNDOFF * abs(f[j]) + 4.0 * m * 2.0 ** -1074
-    order, parent, w = _max_flow_tree(indptr, indices, data, x)
+    order, parent, w = _max_flow_tree(indptr, indices, data, x, ea[:ne], eb[:ne], ew[:ne])
     if order.shape[0] < n:
         return np.inf, 1
     # subtree sums of the imbalances (F), of their rounding bounds (Bb) and of the rounding of these sums (Se)

@@ -521,4 +521,6 @@ def measure_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: An
     """Synchronous wrapper of :func:`run_closed_loop` in its own :func:`new_event_loop` (``clock`` "wall" or
     "virtual"; with "virtual", ``duration_s`` and ``warmup_s`` are virtual seconds and the run takes only the
     CPU time of its events)."""
+    if clock not in ("wall", "virtual"):
+        raise ValueError(f"clock must be 'wall' or 'virtual', got {clock!r}")
     return run_in_new_loop(run_closed_loop(spec, n_clients, thresholds, executor, **kw), clock=clock)

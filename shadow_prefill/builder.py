@@ -420,12 +420,12 @@ WORKLOAD_PRESETS: dict[str, SyntheticParams] = {
         loop=AgentLoopParams(session_length=LengthDist("geometric", 10.0), tool_tokens=LogNormal(1000.0, 1.0),
                              output_tokens=LogNormal(300.0, 0.8), context_window=65536)),
     # GHCP-coding (Table 1: 26% switches, 2.0 per session, mean switch prompt 63K, p99 131K, switch hit 44%).
-    # Produces 24.6% / 1.99 / 61.5K / 129K / same-model 88.5% / switch 48.7% (a call needs a KV pool of 131K
+    # Produces 24.6% / 1.99 / 61.6K / 128K / same-model 88.5% / switch 48.3% (a call needs a KV pool of 131K
     # tokens: not Gemma-7B on one H100, 120K at 458 KB/token; the evaluation uses the GHCP pair Llama-3.1-8B/70B)
     "paper-coding": SyntheticParams(
         n_sessions=600, switch_prob=0.29, first_input=LogNormal(25000.0, 0.6), step_input=LogNormal(300.0, 1.0),
         loop=AgentLoopParams(session_length=LengthDist("geometric", 8.0), tool_tokens=LogNormal(4000.0, 1.0),
-                             output_tokens=LogNormal(150.0, 0.8), context_window=131072)),
+                             output_tokens=LogNormal(300.0, 0.8), context_window=131072)),
 }
 
 

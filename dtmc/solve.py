@@ -8,19 +8,26 @@ mass, every other (transient) state gets exactly zero.  Several closed classes:
 the long-run behaviour depends on the start and an error is raised, never an
 average.
 
-Solvers (all report the residual :math:`\max_j |(\pi T)_j - \pi_j|`):
+Solvers (all report the residual :math:`\max_j |(\pi T)_j - \pi_j|` and an
+error bound, below):
 
+``gth``
+    Grassmann-Taksar-Heyman state reduction (:func:`gth`, compiled): states
+    are eliminated one by one, each elimination leaving the chain watched on
+    the remaining states, :math:`A_{ij} \mathrel{+}= A_{ik}A_{kj}/s_k` with
+    :math:`s_k = \sum_{j>k} A_{kj}` (never :math:`1 - T_{kk}`), then
+    back-substitution.  No subtraction, so every component has a small
+    *relative* error however weakly the chain's parts are coupled; its
+    rounding analysis gives an a-priori bound.  Skyline storage of the
+    symmetrised pattern, in breadth-first or reverse Cuthill-McKee order.
 ``direct``
     scipy's sparse LU (``spsolve``) on :math:`(I - T)^\top \pi = 0` with one
-    equation replaced by :math:`\sum \pi = 1`.  Exact up to rounding; slow on
-    big chains.  The cross-check path.
+    equation replaced by :math:`\sum \pi = 1`.  Slow on big chains, and
+    inaccurate on nearly decomposable ones (cancellation).  A cross-check.
 ``gauss-seidel``
     In-place sweeps :math:`\pi_j \leftarrow \sum_{i\ne j}\pi_i T_{ij}/(1-T_{jj})`
     in state order, renormalised after each sweep, until the residual is at
-    most ``tol`` (compiled).  It converges on aperiodic and periodic
-    irreducible chains alike in practice, but is not guaranteed to; when it
-    does not reach ``tol`` within ``max_sweeps`` the ``auto`` solver falls
-    back to ``direct``.
+    most ``tol`` (compiled).
 ``power``
     Power iteration on the lazy chain :math:`(I+T)/2` (same stationary vector,
     aperiodic), as a slow, simple reference.
@@ -34,7 +41,26 @@ Solvers (all report the residual :math:`\max_j |(\pi T)_j - \pi_j|`):
     thresholds it needs 5-10x fewer sweeps than plain Gauss-Seidel; a step
     that does not reduce the residual is replaced by a plain sweep.
 ``auto``
-    ``anderson``, then ``direct`` if it did not converge.
+    ``anderson`` and its tree bound; GTH instead when that bound leaves the
+    throughput error above ``ACCURACY_TARGET`` (1e-9) and GTH is cheap, or
+    above ``ACCURACY_TOL`` (1e-6) and GTH fits; GTH (else ``direct``) when
+    the iteration does not converge.
+
+A small residual proves nothing on slowly mixing chains: a vector that
+misplaces the mass between two weakly coupled parts has a residual of the
+size of the coupling.  Hence the error bound, ``error_bound`` (on
+:math:`\max_j |\tilde\pi_j/\pi_j - 1|`, so also on the l1 error):
+
+* *tree bound* (:func:`bound_error`, every solver): the flow imbalances of
+  :math:`\tilde\pi` (double-double) are routed along a spanning tree of large
+  flows, which makes :math:`\tilde\pi` exactly stationary for a chain whose
+  transitions differ by known factors :math:`1+\epsilon_e`; by the Markov
+  chain tree theorem :math:`|\ln(\tilde\pi_j/\pi_j)| \le 2\sum_a \max_{e\ni a}
+  -\ln(1-\epsilon_e)`.  Infinite when some :math:`\epsilon_e \ge 1`.
+* *GTH rounding analysis* (:func:`dtmc._kernels.gth_solve`), void when
+  intermediate values underflow.
+* *estimate* (bound_method ``estimate: ...``), only when GTH has neither:
+  ten times the l1 distance to a second, independent solve.
 
 Rounding sets a floor under the attainable residual that grows with the chain
 (about 1e-13 relative at a million states).  An iteration that stalls there
@@ -67,7 +93,7 @@ FLOOR_TOL = 1e-11
 DIRECT_FALLBACK_LIMIT = 300_000
 # ``auto`` re-solves with GTH when the throughput error bound of the iterate exceeds ACCURACY_TARGET and
 # GTH is cheap (work ceiling sum_k c_k^2 <= GTH_CHEAP_WORK, ~10-50 ms; the true count is 10-100x lower), or
-# when it exceeds ACCURACY_TOL and GTH fits at all (ceiling <= GTH_MAX_WORK, ~1-3 s, and GTH_MAX_BYTES).  A result whose
+# when it exceeds ACCURACY_TOL and GTH fits at all (ceiling <= GTH_MAX_WORK, ~1-5 s, and GTH_MAX_BYTES).  A result whose
 # throughput bound exceeds ACCURACY_TOL is flagged (accuracy_ok False).
 ACCURACY_TARGET = 1e-9
 ACCURACY_TOL = 1e-6
@@ -258,12 +284,6 @@ def gth_plan(T: sp.csr_matrix, limit: float | None = None) -> tuple[np.ndarray |
         if work2 < 0.7 * work:
             best = (order, float(work2), 16 * int(prof2))
     return best
-
-
-def gth_fits(T: sp.csr_matrix) -> bool:
-    """Whether GTH's band fits ``GTH_MAX_WORK`` and ``GTH_MAX_BYTES`` for this (irreducible) chain."""
-    _, work, nbytes = gth_plan(T)
-    return work <= GTH_MAX_WORK and nbytes <= GTH_MAX_BYTES
 
 
 def gth(T: sp.csr_matrix, plan=None) -> tuple[np.ndarray, float, str, np.ndarray | None]:

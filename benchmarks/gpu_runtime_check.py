@@ -11,7 +11,8 @@ GPUs when there are two):
    row), and the decode step while the other model runs decode steps back to
    back (the co-running latency);
 2. **model**: the spec gets ``L_i(b)`` tables; the simulator adds the catch-up
-   extend cost ``(L_ext4(b) - L(b)) / 3`` per extra fed token, the
+   extend cost ``(L_ext4(b) - L(b)) / 3`` per extra fed token (the fed
+   length padded to the captured graph lengths, as the executor pads it), the
    co-running slowdown ``f_i`` = median over b of co-running / alone, and the
    runtime's per-step overhead ``o`` (thread hand-off, routing, peer messages)
    from a short calibration run at N = 1: per committed token R2R takes one
@@ -78,6 +79,8 @@ def parse_args(argv):
     ap.add_argument("--sim-steps", type=int, default=150_000, help="simulated request-steps per predicted vector")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop measuring before this many seconds")
     ap.add_argument("--no-graphs", action="store_true", help="eager steps only (no CUDA graph capture)")
+    ap.add_argument("--no-graph-padding", dest="graph_padding", action="store_false",
+                    help="model catch-up lengths unpadded (default: padded to the captured lengths, as replayed)")
     ap.add_argument("--out", default=os.environ.get("OUT") or ".", help="folder for the JSON and markdown results")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -206,14 +209,15 @@ def model_inputs(prof, p, overhead_ms=0.0):
                                       "corun_slowdown": corun}
 
 
-def predict(spec, spec_o, ext, corun, N, a):
+def predict(spec, spec_o, ext, corun, N, a, buckets=()):
     from simulator import simulate
     cands = [(b0, b1) for b0 in (1, 2) for b1 in range(1, N + 1) if (b0 - 1) + (b1 - 1) < N]
     out = {}
     for B in cands:
         lb = simulate(spec, N, B, steps=a.sim_steps, seed=a.seed + 1)
         full = simulate(spec_o, N, B, steps=a.sim_steps, seed=a.seed + 1, extend_ms_per_token=ext,
-                        prompt_tokens=a.prompt_tokens, request_tokens=a.output_tokens, corun_slowdown=corun)
+                        prompt_tokens=a.prompt_tokens, request_tokens=a.output_tokens, corun_slowdown=corun,
+                        extend_buckets=buckets if a.graph_padding else None)
         out[B] = {"lb": lb.throughput_tok_s, "lb_ci": lb.throughput_ci95_tok_s, "costs": full.throughput_tok_s,
                   "costs_ci": full.throughput_ci95_tok_s}
     return out
@@ -311,7 +315,7 @@ def run(a) -> int:
 
     for N in a.Ns:
         t0 = time.perf_counter()
-        pred = predict(spec, spec_o, ext, corun, N, a)
+        pred = predict(spec, spec_o, ext, corun, N, a, models[1].t_buckets if models[1].graphs else ())
         b_lb = max(pred, key=lambda B: (pred[B]["lb"], [-x for x in B]))
         b_costs = max(pred, key=lambda B: (pred[B]["costs"], [-x for x in B]))
         vecs = [(1, 1), b_costs, b_lb]

@@ -32,7 +32,8 @@ arithmetic is exactly the plain kernel's):
   row r feeds ``n_r = max(1, tokens_r - seen_r[j])`` tokens (a new request
   starts with ``prompt_tokens`` and sees nothing, so its first step on a model
   is its prefill).  A batch is padded to ``T = max_r n_r`` and costs
-  ``lat[j, b] + ext[j, b] * (T - 1)``: ``ext`` is the extra ms per fed token
+  ``lat[j, b] + ext[j, b] * (T - 1)`` (T rounded up to a captured length
+  when buckets are given): ``ext`` is the extra ms per fed token
   beyond the first (e.g. from an extend-k profile:
   ``(L_ext_k(b) - L(b)) / (k - 1)``).
 * **co-running slowdown**: while the set R of models is running, model i
@@ -82,7 +83,7 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                     seed, jitter_sigma, tie_ms,
                     warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
                     hist_min_ms, hist_inv_log_ratio, n_hist,
-                    ext, prompt_tokens, corun):
+                    ext, prompt_tokens, corun, tbuckets):
     """Run one simulation; see the module docstring.
 
     mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
@@ -98,7 +99,9 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
     ``ext`` ``[M, N + 1]`` (ms per extra fed token, all zero = no catch-up
     cost), ``prompt_tokens`` and ``corun`` ``[M, M]`` (all one = no slowdown):
-    see the module docstring.
+    see the module docstring.  ``tbuckets`` (increasing, possibly empty): the
+    fed length T is rounded up to the first bucket >= T (CUDA-graph padding;
+    beyond the last bucket T stays as it is).
 
     Returns ``(status, bin_tok, bin_ms, bin_steps, wait_area, busy_area,
     serv_area, adm_cnt, adm_sum, adm_zero, hist, launches, launched,
@@ -220,6 +223,10 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                         if nf > tmax:
                             tmax = nf
                         seen[r, j] = tcount[r]
+                    for x in range(tbuckets.shape[0]):
+                        if tbuckets[x] >= tmax:   # padded up to the smallest captured length
+                            tmax = tbuckets[x]
+                            break
                     d += ext[j, b] * (tmax - 1.0)
                 if jitter_sigma > 0.0:
                     kk = _mix64(jseed + np.uint64(j + 1) * np.uint64(0x9E3779B97F4A7C15))

@@ -233,7 +233,7 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
              warmup: float = 0.1, seed: int = 0, jitter: float = 0.0, trace: Any = None,
              request_tokens: float | None = None, expected_tokens: bool = True,
              extend_ms_per_token: Any = None, prompt_tokens: float = 0.0,
-             corun_slowdown: Any = None) -> SimulationResult:
+             corun_slowdown: Any = None, extend_buckets: Sequence[int] | None = None) -> SimulationResult:
     """Simulate the routed system and return throughput with its 95% interval and latency statistics.
 
     ``steps``: request-steps to measure after the warm-up (default 2,000,000),
@@ -258,7 +258,9 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     ``L_i(b) + e_i(b) (T - 1)``; ``prompt_tokens``: tokens a new request
     brings (its first step on each model feeds them); ``corun_slowdown``:
     ``M x M`` factors, model i runs ``corun[i][k]`` times slower while model
-    k runs (a product over the running models; 1 = independent GPUs).
+    k runs (a product over the running models; 1 = independent GPUs);
+    ``extend_buckets``: the captured step lengths (e.g. 1, 2, 4, 8, 16): T is
+    padded up to the first one >= T, as a CUDA-graph runtime pads its batch.
     """
     if not all(hasattr(spec, a) for a in ("M", "P", "C", "latency_ms", "caps")):
         raise SpecError(f"spec must be a SystemSpec (tr_model.make_spec / preset / load_spec), got {type(spec).__name__}")
@@ -336,6 +338,12 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     if not math.isfinite(prompt_tokens) or prompt_tokens < 0:
         raise SpecError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
     corun = _corun_matrix(corun_slowdown, M)
+    try:
+        tb = np.array(sorted(float(t) for t in (extend_buckets or ())), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SpecError("extend_buckets must be a list of token counts") from None
+    if tb.size and (not np.all(np.isfinite(tb)) or tb[0] < 1):
+        raise SpecError("extend_buckets must be token counts >= 1")
     if ext.any() or (corun != 1.0).any():
         method += "+serving-costs"
     out = simulate_kernel(pcum, C, exp_tok, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
@@ -343,7 +351,7 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
                           np.uint64(seed), sigma, tie_ms,
                           warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,
                           HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS,
-                          ext, prompt_tokens, corun)
+                          ext, prompt_tokens, corun, tb)
     wall = time.perf_counter() - t_start
     (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero, hist,
      launches, launched, max_batch, completions, sojourn_sum, total_steps) = out

@@ -29,6 +29,17 @@ def test_catch_up_extend_matches_the_closed_form_at_N_1():
     exact = 1000.0 / (6.0 + p * (27.9 + e * (1 - p) / p))
     assert abs(r.throughput_tok_s - exact) <= max(2 * r.throughput_ci95_tok_s, 1e-6 * exact)
     assert r.method.endswith("+serving-costs")
+    # CUDA-graph padding: T = k + 1 is rounded up to a captured length (beyond the last one it stays)
+    buckets = (1, 2, 4, 8)
+
+    def padded(t):
+        return next((x for x in buckets if x >= t), t)
+
+    e_pad = sum((1 - p) ** k * p * (padded(k + 1) - 1) for k in range(400))
+    rb = simulate(R2R, 1, (1, 1), steps=300_000, seed=2, extend_ms_per_token=[0.0, e], extend_buckets=buckets)
+    exact_b = 1000.0 / (6.0 + p * (27.9 + e * e_pad))
+    assert abs(rb.throughput_tok_s - exact_b) <= max(2 * rb.throughput_ci95_tok_s, 1e-6 * exact_b)
+    assert rb.throughput_tok_s < r.throughput_tok_s
     # a prompt is fed once per request (and per model): 20 tokens of prompt at 1.5 ms each on model 1 only
     short = simulate(R2R, 1, (1, 1), steps=300_000, seed=2, request_tokens=50, prompt_tokens=20,
                      extend_ms_per_token=[0.0, e])
@@ -56,7 +67,8 @@ def test_co_running_slowdown():
 def test_bad_cost_arguments():
     for kw in ({"extend_ms_per_token": [0.0]}, {"extend_ms_per_token": [0.0, -1.0]},
                {"extend_ms_per_token": [0.0, "x"]}, {"corun_slowdown": [[1, 0], [1, 1]]},
-               {"corun_slowdown": [1, 2]}, {"prompt_tokens": -1}):
+               {"corun_slowdown": [1, 2]}, {"prompt_tokens": -1}, {"extend_buckets": [0, 2]},
+               {"extend_buckets": ["a"]}):
         with pytest.raises(SpecError):
             simulate(R2R, 2, (1, 1), steps=2_000, **kw)
 

@@ -386,8 +386,11 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
             except TypeError:
                 model = transformers.AutoModelForCausalLM.from_pretrained(
                     model_path, torch_dtype=tdtype, local_files_only=True)
-        except (OSError, ValueError) as e:
+        except MemoryError:
+            raise
+        except Exception as e:  # unreadable weights, a config transformers refuses, an unknown architecture
             raise ProfileError(f"cannot load model from {model_path!r}: {_first_line(e)}") from None
+        _check_architecture(model.config, f"--model {model_path!r}")
         model = model.to(device)
         name = os.path.basename(os.path.normpath(model_path))
     else:
@@ -395,8 +398,11 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
         mt = d.pop("model_type")
         try:
             cfg = transformers.AutoConfig.for_model(mt, **d)
-        except (ValueError, KeyError, TypeError) as e:
+        except MemoryError:
+            raise
+        except Exception as e:  # transformers' config validation raises its own error classes (version-dependent)
             raise ProfileError(f"config {config_path!r}: {_first_line(e)}") from None
+        _check_architecture(cfg, f"config {config_path!r}")
         torch.manual_seed(seed)
         try:
             with torch.device(device):
@@ -404,7 +410,9 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
                     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=tdtype)
                 except TypeError:
                     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=tdtype)
-        except (ValueError, TypeError, RuntimeError, AttributeError) as e:
+        except MemoryError:
+            raise
+        except Exception as e:  # an architecture torch cannot build from these values
             raise ProfileError(f"config {config_path!r}: {_first_line(e)}") from None
         model = model.to(device=device, dtype=tdtype)
         name = os.path.splitext(os.path.basename(os.path.normpath(config_path)))[0]
@@ -412,6 +420,21 @@ def load_model(model_path: str | None = None, config_path: str | None = None, *,
             name = os.path.basename(os.path.dirname(os.path.abspath(config_path)))
     model.eval()
     return model, name
+
+
+_ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "head_dim")
+
+
+def _check_architecture(config: Any, where: str) -> None:
+    """The sizes a step's cost depends on must be positive integers (transformers accepts some that are not)."""
+    text = _text_config(config)
+    for name in _ARCH_FIELDS:
+        v = getattr(text, name, None)
+        if v is None and name in ("num_key_value_heads", "head_dim", "intermediate_size"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ProfileError(f"{where}: field {name!r} must be an integer >= 1, got {json.dumps(v)[:40]}")
 
 
 def _first_line(e: BaseException, limit: int = 200) -> str:
@@ -702,9 +725,9 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
                 stats.append(_profile_one(torch, model, b, k, context=context, T=T, warmup=warmup, steps=steps,
                                           cuda=cuda, cuda_graph=cuda_graph, device=device, seed=seed,
                                           measure_overhead=measure_overhead, measured=measured))
-            except ProfileError:
+            except (ProfileError, MemoryError):
                 raise
-            except (RuntimeError, AttributeError, TypeError, ValueError, NotImplementedError, IndexError) as e:
+            except Exception as e:  # torch/transformers failing inside the loop: one line naming the batch size
                 raise ProfileError(_failure_text(e, b, torch, transformers)) from None
             if progress:
                 progress(stats[-1])

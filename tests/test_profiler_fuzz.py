@@ -286,3 +286,25 @@ def test_fuzz_cli_system_wrong_types(in_tmp, recs, where, value):
         from tr_core.spec import load_spec
         load_spec(out)
         out.unlink()
+
+
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64, "max_position_embeddings": 64}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(key=st.sampled_from(sorted(TINY_CONFIG)),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, 7, 64, "2", "llama", ""]),
+                       st.just([2]), st.just({"a": 1})))
+def test_fuzz_cli_latency_config_wrong_types(in_tmp, key, value):
+    pytest.importorskip("torch")
+    cfg = _write(in_tmp, json.dumps({**TINY_CONFIG, key: value}), "c.json")
+    rc, out, err = _cli("latency", "--config", cfg, "--batch-sizes", "1", "2", "--context", "2", "--steps", "1",
+                        "--warmup-steps", "0", "--threads", "1", "--out", in_tmp / "p.json", "--quiet")
+    _assert_contract(rc, err)
+    if rc == 0:
+        assert load_latency_profile(in_tmp / "p.json").batches
+        (in_tmp / "p.json").unlink()
+    else:
+        assert not (in_tmp / "p.json").exists()

@@ -142,14 +142,16 @@ def _num(x: float):
 
 
 def evaluations_table(evals: Iterable[Evaluation]):
-    """Every evaluated B as a pandas DataFrame (B, tokens/s, states, transitions, residual, solver, seconds)."""
+    """Every evaluated B as a pandas DataFrame (B, tokens/s, its error bound, states, transitions, residual,
+    solver, seconds)."""
     import pandas as pd  # imported here: the CLI's start-up time should not pay for it
 
-    rows = [{"N": e.N, "B": e.B, "throughput_tok_s": e.throughput_tok_s, "states": e.states,
+    rows = [{"N": e.N, "B": e.B, "throughput_tok_s": e.throughput_tok_s,
+             "throughput_error_bound": e.throughput_error_bound, "states": e.states,
              "transitions": e.transitions, "residual": e.residual, "solver": e.solver, "seconds": e.seconds}
             for e in evals]
-    return pd.DataFrame(rows, columns=["N", "B", "throughput_tok_s", "states", "transitions", "residual",
-                                       "solver", "seconds"])
+    return pd.DataFrame(rows, columns=["N", "B", "throughput_tok_s", "throughput_error_bound", "states",
+                                       "transitions", "residual", "solver", "seconds"])
 
 
 def _eval_task(args):

@@ -70,8 +70,10 @@ def load_prompts(path: str, tokenizer_path: str | None, vocab: int) -> list[list
             lines = f.readlines()
     except FileNotFoundError:
         raise ProfileError(f"prompts file {path!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"prompts file {path!r} is not valid UTF-8 (byte {e.start})") from None
     except OSError as e:
-        raise ProfileError(f"cannot read prompts file {path!r}: {e.strerror}") from None
+        raise ProfileError(f"cannot read prompts file {path!r}: {e.strerror or e}") from None
     tok = None
     out: list[list[int]] = []
     for k, line in enumerate(lines, 1):
@@ -82,6 +84,10 @@ def load_prompts(path: str, tokenizer_path: str | None, vocab: int) -> list[list
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ProfileError(f"{where}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise ProfileError(f"{where}: JSON nested too deeply for a prompt") from None
+        except ValueError as e:  # e.g. an integer with too many digits
+            raise ProfileError(f"{where}: not a valid prompt ({str(e).splitlines()[0][:80]})") from None
         if isinstance(obj, dict):
             if "input_ids" in obj:
                 obj = obj["input_ids"]

@@ -308,3 +308,18 @@ def test_fuzz_cli_latency_config_wrong_types(in_tmp, key, value):
         (in_tmp / "p.json").unlink()
     else:
         assert not (in_tmp / "p.json").exists()
+
+
+@FUZZ
+@given(lines=st.lists(st.one_of(_json_values().map(json.dumps), st.binary(max_size=20).map(
+    lambda b: b.decode("latin-1"))), min_size=0, max_size=4), raw=st.binary(max_size=40))
+def test_fuzz_prompts_reader(tmp_path, lines, raw):
+    from profiler.route_run import load_prompts
+    for content in ("\n".join(lines).encode("utf-8", "surrogatepass"), raw, b"[" * 100_000):
+        p = _write(tmp_path, content, "prompts.jsonl")
+        try:
+            out = load_prompts(str(p), None, 256)
+        except ProfileError as e:
+            assert str(e) and "\n" not in str(e)
+            continue
+        assert out and all(ids and all(0 <= v < 256 for v in ids) for ids in out)

@@ -940,21 +940,21 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
 
     ``indptr/indices/data``: CSR of T; ``t*``: CSR of its transpose.  The
     flow imbalance of each state, ``f_j = sum_{i!=j} x_i T_ij - x_j sum_{i!=j}
-    T_ji``, is moved along a spanning tree (each state's parent is the
-    lower-numbered neighbour that exchanges the most flow with it): the edge
-    to the parent of j must carry the imbalance ``F_j`` of j's subtree, which
-    rescales that transition by a factor ``1 + eps_j`` with ``|eps_j| <=
-    |F_j| / w_j`` (``w_j``: its flow).  ``x`` is then exactly stationary for the perturbed chain, and by
-    the Markov chain tree theorem (each stationary weight is a sum over
-    spanning trees of products with one outgoing edge per state) every
-    ``x_j / pi_j`` lies within ``exp(+-2 E)``, ``E = sum_a max_{e at a}
-    -ln(1 - eps_e)``.  Rounding in ``f`` and the subtree sums is bounded and
-    added to ``|F_j|``; a subtree's imbalance is also bounded from the other
-    side of the edge (it is minus the imbalance of the rest).
+    T_ji`` (double-double), is moved along a spanning tree of large flows
+    (:func:`_max_flow_tree`): the tree edge above state j must carry the
+    imbalance ``F_j`` of j's subtree, which rescales that one transition by a
+    factor ``1 + eps_j`` with ``|eps_j| <= |F_j| / w_j`` (``w_j``: its flow).
+    ``x`` is then exactly stationary for the perturbed chain, and by the
+    Markov chain tree theorem (each stationary weight is a sum over spanning
+    trees of products with one outgoing edge per state) every ``x_j / pi_j``
+    lies within ``exp(+-2 E)``, ``E = sum_a max_{e at a} -ln(1 - eps_e)``.
+    Rounding in ``f`` and in the subtree sums is bounded and added to
+    ``|F_j|``; a subtree's imbalance is also bounded from the other side of
+    the edge (it is minus the imbalance of the rest).
 
-    Returns ``(E, status)``: ``status`` 0, or 1 when the graph is not
-    connected (E is then inf).  E is inf
-    when some ``eps >= 1`` (the approximation cannot be certified).
+    Returns ``(2 E, status)``: ``status`` 0, or 1 when the graph of positive
+    flows is not connected (the bound is then inf).  The bound is inf when
+    some ``eps >= 1`` (the approximation cannot be certified).
     """
     n = indptr.shape[0] - 1
     f = np.zeros(n, dtype=np.float64)

@@ -131,7 +131,8 @@ def profile_roofline(prof: Any, *, bandwidth_gbs: float | None = None, config_pa
     import json
     import os
 
-    from profiler.latency import DTYPE_BYTES, ProfileError
+    from tr_core.errors import SpecError as ProfileError  # profiler.latency imports this module: no cycle back
+    from tr_core.units import DTYPE_BYTES
 
     where = profile_path or prof.model
     stored = prof.roofline or {}

@@ -64,6 +64,21 @@ class ChainSolution:
         return self.build_seconds + self.assembly_seconds + self.solve_seconds
 
 
+def _ratio_bound(pi, err, log_bound, g, tau, n) -> float:
+    """Relative error bound of ``sum(pi g) / sum(pi tau)`` when ``|pi - y| <= err`` and ``y`` is within
+    ``exp(+-log_bound)`` of the exact vector componentwise (GTH's rounding analysis)."""
+    if not np.isfinite(log_bound):
+        return float("inf")
+    e1 = float(err.sum())
+    dg = (float(np.sum(err * g)) / max(float(np.sum(pi * g)), 1e-300) + e1) * (1 + 1e-12)
+    dt = (float(np.sum(err * tau)) / float(np.sum(pi * tau)) + e1) * (1 + 1e-12)
+    if dt >= 1.0:
+        return float("inf")
+    back = (dg + dt) / (1.0 - dt)
+    gam = n * 2.0 ** -53 / (1.0 - n * 2.0 ** -53)
+    return float((1.0 + back) * np.exp(2.0 * log_bound + 4.0 * gam) - 1.0)
+
+
 def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
                 max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
                 max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> ChainSolution:
@@ -81,6 +96,8 @@ def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEF
         # (and never below the pi estimate: two vectors far apart that happen to agree on one ratio
         # prove nothing about it)
         thr_bound = max(float(10.0 * abs(thr - alt) / max(abs(thr), 1e-300) + 1e-15), st.error_bound)
+    elif st.abs_error is not None:
+        thr_bound = _ratio_bound(pi, st.abs_error, st.log_bound, chain.g, chain.tau, st.n_recurrent)
     else:
         thr_bound = throughput_bound(st.error_bound, st.n_recurrent)
     t1 = time.perf_counter()

@@ -650,16 +650,19 @@ def gth_solve(indptr, indices, data, lo):
     chain.  Storage is the skyline of the envelope (row parts ``L``, column
     parts ``U``); the rows and columns alive at step k are kept in a list.
 
-    Returns ``(status, x, log_bound, flops, underflows)``: ``x`` normalised;
-    ``log_bound`` bounds ``|ln(x_j / pi_j)|`` for every j by summing, per
-    eliminated state with ``p`` predecessors and ``m`` successors,
-    ``p gamma_{m+3}`` (the censored chain's updated entries carry relative
-    error ``gamma_{m+3}``, and a spanning tree holds at most p of them: Markov
-    chain tree theorem) and ``gamma_{2p+m+1}`` (back-substitution), then
-    doubling for the normalisation.  A subnormal term costs at most one more
-    u when it lands in a normal sum; ``underflows`` counts entries and
-    components that stayed below the smallest normal double, which voids the
-    bound.
+    Returns ``(status, x, log_bound, flops, underflows, err)``: ``x``
+    normalised; ``log_bound`` bounds ``|ln(y_j / pi_j)|`` for the exact
+    back-substitution ``y`` on the computed reduced chains (normalised), by
+    summing, per eliminated state with ``p`` predecessors and ``m``
+    successors, ``p gamma_{m+3}`` (the reduced chain's updated entries carry
+    relative error ``gamma_{m+3}``, and a spanning tree holds at most p of
+    them: Markov chain tree theorem), doubled for the normalisation; ``err``
+    bounds ``|x_j - y_j|`` componentwise (absolute, propagated through the
+    back-substitution with its rounding, so components below the double
+    range keep a valid bound).  A subnormal term costs at most one more u
+    when it lands in a normal sum; ``underflows`` counts reduced-chain
+    entries that stayed below the smallest normal double, which voids
+    ``log_bound``.
     """
     n = indptr.shape[0] - 1
     off = np.zeros(n + 1, dtype=np.int64)
@@ -691,6 +694,7 @@ def gth_solve(indptr, indices, data, lo):
     where = np.full(n, -1, dtype=np.int64)
     na = 0
     s = np.zeros(n, dtype=np.float64)
+    sn = np.zeros(n, dtype=np.int64)     # successors summed into s[k] (its rounding)
     pred_i = np.empty(n, dtype=np.int64)
     pred_a = np.empty(n, dtype=np.float64)
     succ_j = np.empty(n, dtype=np.int64)
@@ -721,7 +725,7 @@ def gth_solve(indptr, indices, data, lo):
                 pred_a[npred] = a
                 npred += 1
         if not sk > 0.0:
-            return GTH_REDUCIBLE, x, np.inf, flops, under
+            return GTH_REDUCIBLE, x, np.inf, flops, under, x
         s[k] = sk
         for t in range(npred):
             i = pred_i[t]
@@ -743,8 +747,13 @@ def gth_solve(indptr, indices, data, lo):
                 if v < SMALLEST_NORMAL:
                     under += 1
             flops += ns
-        log_bound += npred * _gamma(ns + 3) + _gamma(2 * npred + ns + 1)
-    # back-substitution, rebuilding the alive sets in reverse
+        log_bound += npred * _gamma(ns + 3)
+        sn[k] = ns
+    # back-substitution, rebuilding the alive sets in reverse; err[k] bounds |x_k - y_k| absolutely, y the
+    # exact back-substitution on the computed reduced chains (so components below the double range, whose
+    # relative error is lost, still have a known absolute error)
+    err = np.zeros(n, dtype=np.float64)
+    tiny = 2.0 ** -1074
     na = 0
     for i in range(n):
         where[i] = -1
@@ -761,29 +770,32 @@ def gth_solve(indptr, indices, data, lo):
                 if where[i] >= 0:
                     na = _active_remove(act, where, na, i)
         acc = 0.0
+        eacc = 0.0
+        p = 0
         for t in range(na):
             i = act[t]
             a = L[off[i] + k - lo[i]]
             if a > 0.0:
                 acc += x[i] * a
+                eacc += err[i] * a
+                p += 1
         xk = acc / s[k]
-        if xk < SMALLEST_NORMAL:
-            under += 1
         x[k] = xk
+        m = p + 4
+        err[k] = (eacc / s[k]) * (1.0 + _gamma(m)) + _gamma(2 * p + sn[k] + 4) * xk + 2.0 * m * tiny / s[k]
         if xk > 1e250:
             # the stationary vector spans more than 1e250: scale down what is computed so far
             for i in range(k, n):
                 x[i] *= 1e-250
-                if 0.0 < x[i] < SMALLEST_NORMAL:
-                    under += 1
+                err[i] = err[i] * 1e-250 + tiny
     tot = 0.0
     for i in range(n):
         tot += x[i]
+    g_n = _gamma(n + 2)
     for i in range(n):
         x[i] /= tot
-        if x[i] < SMALLEST_NORMAL:
-            under += 1
-    return GTH_OK, x, 2.0 * log_bound + _gamma(n), flops, under
+        err[i] = err[i] / tot * (1.0 + g_n) + tiny
+    return GTH_OK, x, 2.0 * log_bound, flops, under, err
 
 
 @njit(cache=True)

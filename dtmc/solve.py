@@ -118,6 +118,10 @@ class StationaryResult:
     bound_method: str = ""
     # a second GTH solve in another elimination order, when the bound is only an estimate from the two
     pi_alt: np.ndarray | None = None
+    # GTH rounding analysis: |ln(y_j / pi*_j)| <= log_bound for the exact back-substitution y, and
+    # |pi_j - y_j| <= abs_error_j (None for the other bounds, where log_bound bounds pi itself)
+    log_bound: float = float("inf")
+    abs_error: np.ndarray | None = None
 
 
 def closed_classes(T: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -193,23 +197,29 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     sub = T if rec.size == n else T[rec][:, rec].tocsr()
     TT = sub.T.tocsr()
     TT.sort_indices()
-    pi_sub, used, iters, log_bound, how, alt = _solve_irreducible(
+    pi_sub, used, iters, log_bound, how, extra = _solve_irreducible(
         sub, TT, solver, tol, max_sweeps, None if x0 is None else np.asarray(x0, dtype=np.float64)[rec])
     pi = np.zeros(n)
     pi[rec] = pi_sub
-    pi_alt = None
+    alt, err = extra
+    pi_alt = abs_err = None
     bound = float(np.expm1(log_bound))
     if alt is not None:
         pi_alt = np.zeros(n)
         pi_alt[rec] = alt
         # an estimate, not a bound: ten times the l1 distance of two GTH solves in different orders
         bound = float(10.0 * np.abs(pi_sub - alt).sum() + 1e-15)
+    elif err is not None:
+        abs_err = np.zeros(n)
+        abs_err[rec] = err
+        # |pi - y| <= err componentwise, and normalising y/sum(y) against pi moves it by at most sum(err) more
+        bound = float(np.expm1(log_bound) + 2.0 * err.sum())
     # the class is closed, so (pi T)_j = 0 = pi_j on every transient state: the residual is the block's
     res = _residual_tt(TT, pi_sub)
     return StationaryResult(pi=pi, residual=res, solver=used, iterations=iters,
                             seconds=time.perf_counter() - t0, n_recurrent=int(rec.size),
                             n_transient=int(n - rec.size), error_bound=bound, bound_method=how,
-                            pi_alt=pi_alt)
+                            pi_alt=pi_alt, log_bound=float(log_bound), abs_error=abs_err)
 
 
 def throughput_bound(pi_error_bound: float, n: int) -> float:
@@ -286,71 +296,76 @@ def gth_plan(T: sp.csr_matrix, limit: float | None = None) -> tuple[np.ndarray |
     return best
 
 
-def gth(T: sp.csr_matrix, plan=None) -> tuple[np.ndarray, float, str, np.ndarray | None]:
-    """GTH stationary vector of an irreducible chain: ``(pi, log_bound, how, pi_alt)``.
+def gth(T: sp.csr_matrix, plan=None):
+    """GTH stationary vector of an irreducible chain: ``(pi, log_bound, how, pi_alt, abs_err)``.
 
-    ``log_bound`` bounds ``|ln(pi_j / pi*_j)|``: the a-priori bound the
-    elimination accumulates (see :func:`dtmc._kernels.gth_solve`), or, when
-    underflow voided it, the a-posteriori tree bound; the smaller of the two
-    otherwise.  When neither exists (the stationary vector spans more than
-    the double range, so some components cannot be represented relatively),
-    GTH is run again in a second elimination order and ``pi_alt`` is
-    returned: the caller estimates the error from the two (``how`` then
-    says "estimate").
+    With ``how == "gth rounding analysis"``: ``log_bound`` bounds
+    ``|ln(y_j / pi*_j)|`` for the exact back-substitution ``y`` and
+    ``abs_err`` bounds ``|pi_j - y_j|`` (see
+    :func:`dtmc._kernels.gth_solve`).  With ``"tree bound"`` (taken when it is
+    smaller, or when underflow voided the rounding analysis): ``log_bound``
+    bounds ``|ln(pi_j / pi*_j)|`` and ``abs_err`` is None.  When neither
+    exists, GTH is run again in a second elimination order and ``pi_alt`` is
+    returned: the caller estimates the error from the two (``how`` then says
+    "estimate").
     """
     T = T.tocsr()
-    T.sort_indices()
     n = T.shape[0]
     plan = plan if plan is not None else gth_plan(T)
-    pi, a_priori = _gth_once(T, plan[0])
+    pi, a_priori, err = _gth_once(T, plan[0])
     TT = T.T.tocsr()
     TT.sort_indices()
     post = _tree_log_bound(T, TT, pi)
-    L = min(a_priori, post)
-    if np.isfinite(L):
-        return pi, L, ("gth rounding analysis" if a_priori <= post else "tree bound"), None
+    if np.isfinite(a_priori):
+        l1_priori = float(np.expm1(a_priori) + 2.0 * err.sum())
+        if l1_priori <= np.expm1(post):
+            return pi, a_priori, "gth rounding analysis", None, err
+    if np.isfinite(post):
+        return pi, post, "tree bound", None, None
     from scipy.sparse.csgraph import reverse_cuthill_mckee
     other = (reverse_cuthill_mckee((T + T.T).tocsr(), symmetric_mode=True).astype(np.int64)
              if plan[0] is None else None)
     A = T if other is None else T[other][:, other].tocsr()
     work, prof = K.gth_work(K.gth_envelope(_i64(A.indptr), _i64(A.indices)))
     if work > max(GTH_MAX_WORK, 2.0 * plan[1]) or 16 * prof > GTH_MAX_BYTES:
-        return pi, float("inf"), "none (GTH underflow, no second order fits)", None
-    pi_alt, _ = _gth_once(T, other)
-    return pi, float("inf"), "estimate: two GTH orders", pi_alt
+        return pi, float("inf"), "none (GTH underflow, no second order fits)", None, None
+    pi_alt, _, _ = _gth_once(T, other)
+    return pi, float("inf"), "estimate: two GTH orders", pi_alt, None
 
 
-def _gth_once(T, order) -> tuple[np.ndarray, float]:
+def _gth_once(T, order):
+    """``(pi, log bound of the exact back-substitution or inf after underflow, absolute errors)``."""
     n = T.shape[0]
     A = T if order is None else T[order][:, order].tocsr()
-    A.sort_indices()
     lo = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
-    status, x, L, _flops, under = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo)
+    status, x, L, _flops, under, err = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo)
     if status != K.GTH_OK:
         raise DTMCError("GTH elimination met a state with no way out of the states left: the chain is not "
                         "irreducible (internal error: the recurrent class should be)")
     if order is not None:
         pi = np.empty(n)
         pi[order] = x
+        e = np.empty(n)
+        e[order] = err
     else:
-        pi = x
-    return pi, (float(L) if under == 0 else float("inf"))
+        pi, e = x, err
+    return pi, (float(L) if under == 0 else float("inf")), e
 
 
 def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: float, max_sweeps: int, x0):
-    """``(pi, solver used, iterations, log bound, bound method, second GTH solve or None)``."""
+    """``(pi, solver used, iterations, log bound, bound method, (second solve or None, GTH abs. errors or None))``."""
     n = T.shape[0]
     if n == 1:
-        return np.ones(1), solver if solver != "auto" else "direct", 0, 0.0, "exact (one state)", None
+        return np.ones(1), solver if solver != "auto" else "direct", 0, 0.0, "exact (one state)", (None, None)
     if solver == "gth":
-        x, L, how, alt = gth(T)
-        return x, "gth", 1, L, how, alt
+        x, L, how, alt, err = gth(T)
+        return x, "gth", 1, L, how, (alt, err)
     if solver == "direct":
         x = _direct(T)
-        return x, "direct", 1, _tree_log_bound(T, TT, x), "tree bound", None
+        return x, "direct", 1, _tree_log_bound(T, TT, x), "tree bound", (None, None)
     if solver == "power":
         x, it = _power(T, tol, max_sweeps * 10)
-        return x, "power", it, _tree_log_bound(T, TT, x), "tree bound", None
+        return x, "power", it, _tree_log_bound(T, TT, x), "tree bound", (None, None)
     if solver in ("auto", "anderson"):
         x, it, res = _anderson(TT, tol, max_sweeps, x0)
         if res <= tol * x.max():
@@ -366,34 +381,36 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
             L = _tree_log_bound(T, TT, x)
             tb = throughput_bound(float(np.expm1(L)), n)
             if solver == "anderson" or tb <= ACCURACY_TARGET:
-                return x, used, it, L, "tree bound", None
+                return x, used, it, L, "tree bound", (None, None)
             limit = GTH_MAX_WORK if tb > ACCURACY_TOL else GTH_CHEAP_WORK
             if limit == GTH_CHEAP_WORK and T.nnz > GTH_CHEAP_NNZ:
                 # a bound in (1e-9, 1e-6] on a big chain: GTH would not be cheap; skip even planning it
-                return x, used, it, L, "tree bound", None
+                return x, used, it, L, "tree bound", (None, None)
         else:
             limit = GTH_MAX_WORK
         # auto: the iterate is not bounded tightly enough (or did not converge): GTH where it fits
         plan = gth_plan(T, limit)
         if plan[1] <= limit and plan[2] <= GTH_MAX_BYTES:
-            xg, Lg, how, alt = gth(T, plan)
+            xg, Lg, how, alt, err = gth(T, plan)
             if alt is None and not np.isfinite(Lg) and used is not None:
                 # no bound and no second GTH order: the iterate is the second, independent solve
                 alt, how = x, "estimate: GTH vs anderson"
-            if used is None or Lg <= L or alt is not None:
-                return xg, f"gth (after {'anderson' if used is None else used.split(' ')[0]})", it, Lg, how, alt
+            lg1 = float(np.expm1(Lg)) + (0.0 if err is None else 2.0 * float(err.sum()))
+            if used is None or lg1 <= np.expm1(L) or alt is not None:
+                return (xg, f"gth (after {'anderson' if used is None else used.split(' ')[0]})", it, Lg, how,
+                        (alt, err))
         if used is not None:
-            return x, used, it, L, "tree bound", None
+            return x, used, it, L, "tree bound", (None, None)
         if n > DIRECT_FALLBACK_LIMIT:
             raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
                             f"sweeps (relative residual {res / x.max():.3g}) and the chain is too large for "
                             f"GTH or LU; loosen --tol")
         xd = _direct(T)
-        return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", None
+        return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", (None, None)
     x = _start_vector(n, x0)
     sweeps, res = K.gauss_seidel(_i64(TT.indptr), _i64(TT.indices), TT.data, x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
-        return x, "gauss-seidel", int(sweeps), _tree_log_bound(T, TT, x), "tree bound", None
+        return x, "gauss-seidel", int(sweeps), _tree_log_bound(T, TT, x), "tree bound", (None, None)
     raise DTMCError(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "
                     f"(residual {res:.3g}); use solver 'gth' or 'auto'")
 

@@ -293,3 +293,35 @@ def test_cpu_profile_never_touches_torch_cuda(tmp_path, monkeypatch):
     prof = profile_latency(model, name=name, batch_sizes=[1, 2], context=4, warmup=1, steps=2, device="cpu",
                            measure_overhead=True)
     assert prof.timing == "perf_counter" and prof.device.startswith("cpu")
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_serving_attention_never_expands_kv(tmp_path, monkeypatch, T):
+    """The mechanism behind the H200's per-request growth: transformers' sdpa path copies K/V to every query
+    head (repeat_kv) when it is given a mask, as a static cache always is; the serving attention does not."""
+    pytest.importorskip("torch")
+    sdpa = pytest.importorskip("transformers.integrations.sdpa_attention")
+    from profiler.latency import _Stepper, load_model
+    from profiler.serving_attention import select_attention
+    calls = {"n": 0}
+    real = sdpa.repeat_kv
+
+    def counting(x, n_rep):
+        calls["n"] += 1
+        return real(x, n_rep)
+
+    monkeypatch.setattr(sdpa, "repeat_kv", counting)
+    model, _ = load_model(config_path=write_config(tmp_path), dtype="fp32", device="cpu", seed=1)
+    with select_attention(model, "serving") as label:
+        if label != "serving":
+            pytest.skip(label)
+        st = _Stepper(model, 2, 8, T, static=True, device="cpu", seed=1)
+        calls["n"] = 0  # the prefill runs the model's own attention
+        st.eager_step()
+        assert calls["n"] == 0
+    with select_attention(model, "transformers"):
+        st = _Stepper(model, 2, 8, T, static=True, device="cpu", seed=1)
+        calls["n"] = 0
+        st.eager_step()
+    if T > 1:  # extend with a mask: every layer expands K and V (2 layers x K, V)
+        assert calls["n"] == 4

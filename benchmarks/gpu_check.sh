@@ -61,6 +61,8 @@ define_steps() {
     add_step runtime_vs_model 220 280 \
         '"$PY" benchmarks/gpu_runtime_check.py --window-s 3 --warmup-s 1 --repeats 1 --budget-s 230 \
             --out "$STEP_DIR"'
+    add_step attention_layer 15 60 \
+        '"$PY" benchmarks/profiler_attention_bench.py --batch-sizes 1 4 16 --context 512 --repeats 50'
     add_step profiles_qwen3_0p6b 45 120 \
         '"$PY" benchmarks/profiler_gpu_profiles.py --config data/models/Qwen3-0.6B/config.json --context 512 \
             --batch-sizes 1 2 4 8 16 32 --variants decode:serving decode:transformers --steps 30 \

@@ -197,6 +197,8 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     sub = T if rec.size == n else T[rec][:, rec].tocsr()
     TT = sub.T.tocsr()
     TT.sort_indices()
+    # int64 index arrays once, so the kernels (iteration, bound, residual) do not each copy them
+    sub, TT = _with_i64(sub), _with_i64(TT)
     pi_sub, used, iters, log_bound, how, extra = _solve_irreducible(
         sub, TT, solver, tol, max_sweeps, None if x0 is None else np.asarray(x0, dtype=np.float64)[rec])
     pi = np.zeros(n)
@@ -255,6 +257,16 @@ def bound_error(T: sp.csr_matrix, pi: np.ndarray) -> float:
 
 def _i64(a):
     return a.astype(np.int64, copy=False)
+
+
+def _with_i64(A: sp.csr_matrix) -> sp.csr_matrix:
+    """The same CSR matrix (shared data) with int64 index arrays."""
+    if A.indptr.dtype == np.int64 and A.indices.dtype == np.int64:
+        return A
+    B = sp.csr_matrix(A.shape, dtype=A.dtype)
+    B.data, B.indices, B.indptr = A.data, _i64(A.indices), _i64(A.indptr)
+    B.has_sorted_indices = A.has_sorted_indices
+    return B
 
 
 def _tree_log_bound(T, TT, x) -> float:

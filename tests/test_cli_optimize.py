@@ -24,7 +24,13 @@ def test_json_and_out(run_tool, tmp_path):
     # --out writes what would go to stdout to the file instead; the format follows the extension
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "1-3", "--all", "--out", out)
     assert r.returncode == 0 and r.stdout == "", r.stderr
-    assert doc == json.loads(out.read_text())
+
+    def timeless(x):  # the second run may come from the cache: only timings differ
+        if isinstance(x, dict):
+            return {k: timeless(v) for k, v in x.items() if k not in ("seconds", "cached", "computed_seconds")}
+        return [timeless(v) for v in x] if isinstance(x, list) else x
+
+    assert timeless(doc) == timeless(json.loads(out.read_text()))
     assert [x["N"] for x in doc["results"]] == [1, 2, 3]
     assert doc["results"][1]["B"] == [1, 2]
     assert doc["results"][1]["throughput_tok_s"] == pytest.approx(110.32, abs=0.005)

@@ -25,6 +25,8 @@ from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.spec import spec_to_dict
 from tr_core.system_args import System, add_system_args, build_system
 
+SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")  # optimizer.search.SEARCHES (not imported: --help
+# stays fast)
 OUTPUT_SCHEMA_VERSION = 1
 DEFAULT_NS = [1, 2, 4, 8, 16]
 DEFAULT_MAX_EVALUATIONS = 1_000_000
@@ -78,9 +80,13 @@ def _add_search_args(p) -> None:
     s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
-    s.add_argument("--search", choices=("exhaustive", "local"), default="exhaustive",
-                   help="exhaustive: every feasible B (the definition of B*, default); local: steepest ascent "
-                   "over +-1 neighbours from the previous N's B* (far fewer chains; a heuristic)")
+    s.add_argument("--search", choices=SEARCHES, default="exhaustive",
+                   help="exhaustive: every feasible B (the definition of B*, default); pruned: the same B*, "
+                   "skipping vectors a bound proves worse; certified: stop within --max-gap of the bound; "
+                   "local: steepest ascent over +-1 neighbours from the previous N's B* (a heuristic); auto: "
+                   "exhaustive when small, certified otherwise")
+    s.add_argument("--max-gap", type=float, default=0.005, metavar="G", help="certified/auto: relative gap "
+                   "between B* and the proven upper bound at which the search stops (default %(default)g)")
     s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver (default auto: "
                    "compiled Gauss-Seidel, direct LU fallback)")
     s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
@@ -114,7 +120,7 @@ class Plan:
     Ns: IntRanges
     B: tuple[int, ...] | None
     method: str
-    search: str
+    search: dict                   # passed to the searches: search, max_gap, max_evaluations
     workers: int
     kw: dict                       # passed to evaluate / optimize: solver, tol, max_states, round_to_grid, cache
     sim: dict                      # simulator: seed, jitter, trace, budget_s, steps
@@ -124,15 +130,21 @@ class Plan:
     dask: str | None = None
 
 
-def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str) -> int:
-    """Chains (or simulations) a sweep needs, in closed form: sum over N of C(N - 1 + M, M) for a search.
+def _exhaustive_count(M: int, Ns: IntRanges) -> int:
+    """Feasible vectors over the sweep, in closed form: sum over N of C(N - 1 + M, M).
 
     sum_{N=a}^{b} C(N - 1 + M, M) = C(b + M, M + 1) - C(a - 1 + M, M + 1) (hockey-stick identity), so
     ``--N 1-1000000000`` is counted without a loop.
     """
-    if B is not None or method == "simulate" or search == "local":
-        return len(Ns)
     return sum(math.comb(b + M, M + 1) - math.comb(a - 1 + M, M + 1) for a, b in Ns.spans)
+
+
+def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str) -> int:
+    """Chains (or simulations) a sweep is known to need before it starts: every feasible B for an
+    exhaustive search, at least one per N otherwise (the bounded searches count their own as they go)."""
+    if B is None and method != "simulate" and search == "exhaustive":
+        return _exhaustive_count(M, Ns)
+    return len(Ns)
 
 
 def _check_numbers(a) -> None:
@@ -148,6 +160,8 @@ def _check_numbers(a) -> None:
         raise SpecError(f"--sim-steps must be >= 1000, got {a.sim_steps}")
     if not (0 <= a.jitter < 10):
         raise SpecError(f"--jitter must be in [0, 10), got {a.jitter:g}")
+    if not (0 <= a.max_gap < 1):
+        raise SpecError(f"--max-gap must be in [0, 1), got {a.max_gap:g}")
     if not (a.tol > 0) or not math.isfinite(a.tol):
         raise SpecError(f"--tol must be > 0, got {a.tol:g}")
     if a.plot:
@@ -204,8 +218,9 @@ def validate(a) -> Plan:
         from optimizer.cache import default_cache_dir
         kw["cache"] = a.cache_dir or default_cache_dir()
     sim = dict(seed=a.seed, jitter=a.jitter, trace=a.trace, budget_s=a.sim_budget_s, steps=a.sim_steps)
+    search = dict(search=a.search, max_gap=a.max_gap, max_evaluations=a.max_evaluations)
     return Plan(system=system, Ns=Ns, B=tuple(a.B) if a.B is not None else None, method=a.method,
-                search=a.search, workers=_parse_workers(a.workers, total), kw=kw, sim=sim,
+                search=search, workers=_parse_workers(a.workers, _exhaustive_count(M, Ns)), kw=kw, sim=sim,
                 roundings=_grid_roundings(system, Ns, a.method), all=a.all, check_delta=a.check_delta,
                 dask=a.dask)
 
@@ -253,7 +268,7 @@ def _compute_exact_search(plan: Plan, doc: dict, progress) -> list:
     client = _dask_client(plan.dask) if plan.dask else None
     try:
         opts = optimize_many(plan.system.spec, plan.Ns, workers=plan.workers, executor=client,
-                             progress=progress, search=plan.search, **plan.kw)
+                             progress=progress, **plan.search, **plan.kw)
     finally:
         if client is not None:
             client.close()
@@ -319,7 +334,7 @@ def _compute_simulated(plan: Plan, doc: dict) -> list:
                 if plan.B is not None:
                     r = evaluate(plan.system.spec, N, plan.B, **plan.kw).to_dict()
                 else:
-                    opt = optimize(plan.system.spec, N, **plan.kw)
+                    opt = optimize(plan.system.spec, N, **plan.search, **plan.kw)
                     r = opt.to_dict()
                     found.append(opt)
                 doc["results"].append(_row({**r, "tie_set": [r["B"]]}, "exact"))
@@ -379,7 +394,7 @@ def _check_delta(plan: Plan, results: list) -> list:
                 ev = evaluate(half, N, plan.B, **kw)
                 thr, B = ev.throughput_tok_s, list(ev.B)
             else:
-                o = optimize(half, N, **kw)
+                o = optimize(half, N, **plan.search, **kw)
                 thr, B = o.throughput_tok_s, list(o.best_B)
         except StateSpaceTooLarge:
             rec["note"] = "not affordable (exceeds --max-states)"

@@ -6,6 +6,22 @@ Quick start::
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     best = tr_model.optimize(spec, N=8)          # B*, tokens/s, gain over eager
     ev = tr_model.evaluate(spec, N=8, B=(1, 5))  # one threshold vector
+
+This package is the face of the project (the top layer: nothing below imports it).  Its modules:
+
+- ``api``: the public functions ``evaluate``, ``optimize``, ``optimize_many`` (the optimizer's own,
+  re-exported with their signatures);
+- ``cli``: ``tr-optimize`` (validate -> compute -> one result document -> render);
+- ``autotune_cli``: ``tr-autotune`` (run, show, kv-plan, measure);
+- ``autotune``: the server-start hook and the thresholds-table computation;
+- ``thresholds``: the vendorable thresholds-file reader (no project imports, on purpose);
+- ``kvplan``: the joint KV-cache plan of co-located models;
+- ``runtime``: the reference asyncio runtime (delayed batching) and its executors;
+- ``plots``, ``sensitivity``: figures and parameter sweeps.
+
+Below it: the features (``dtmc``, ``optimizer``, ``simulator``, ``profiler``, ``shadow_prefill``) and the
+foundation ``tr_core`` (specs, errors, file IO, the task runner, the feasibility rule, CLI plumbing, the
+version); ``tests/test_import_layers.py`` keeps every import pointing down.
 """
 
 from tr_core.errors import SpecError, StateSpaceTooLarge, TRError

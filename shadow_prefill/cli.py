@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    for flag in ("out", "save_model"):  # refuse a folder or a device before any work, not after an hour of it
+        if getattr(args, flag, None):
+            check_out_path(getattr(args, flag), "--" + flag.replace("_", "-"))
     return int(args.func(args) or 0)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tr_core.errors import TRError
 
-__all__ = ["ShadowError", "InputFileError"]
+__all__ = ["ShadowError", "InputFileError", "ShadowResourceLimit"]
 
 
 class ShadowError(TRError, ValueError):
@@ -25,3 +25,9 @@ class InputFileError(ShadowError):
         self.line = line
         where = f"{path}:{line}" if line is not None else f"{path}"
         super().__init__(f"{where}: {message}")
+
+
+class ShadowResourceLimit(TRError):
+    """A run refused because it would exceed a size limit (exit code 3); the message gives the count and the flag."""
+
+    exit_code = 3

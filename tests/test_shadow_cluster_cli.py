@@ -226,3 +226,14 @@ def test_version_and_help(capsys):
     rc, out, _ = _main(capsys, "compare", "--help")
     assert rc == 0 and "--warmup-s" in out and "--sim-seeds SEED [SEED ...]" in out
     assert "--warmup " not in out and "--cold-age " not in out  # old spellings are hidden
+
+
+@pytest.mark.parametrize("cmd,extra", [("simulate", ["--load", "1000"]), ("simulate", ["--measure-s", "1e6"]),
+                                       ("compare", ["--sweep", "load", "0.5", "900"]),
+                                       ("simulate", ["--max-requests", "1000"])])
+def test_oversized_run_refused_before_it_starts(capsys, cmd, extra):
+    # before: the run simply started, growing memory for hours (10^8 Poisson arrivals and more)
+    rc, out, err = _main(capsys, cmd, *BASE, *extra)
+    assert rc == 3 and out == "", err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: one run would simulate about") and "--max-requests" in lines[0]

@@ -39,7 +39,7 @@ from shadow_prefill.cluster.policies import APPROACH_NAMES, get_policy
 from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, simulate_cluster
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
 from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, read_azure_trace, synthetic_request_sizes
-from shadow_prefill.errors import ShadowError
+from shadow_prefill.errors import ShadowError, ShadowResourceLimit
 from shadow_prefill.workload_args import add_workload_args, clean, dumps_document, int_at_least, latency_models, \
     name_values, number, synthetic_params, workload_from_args
 
@@ -55,6 +55,9 @@ SWEEP_FLAGS: dict[str, str] = {
     "n-min": "n_min", "margin": "margin", "delta": "delta", "models-per-router": "models_per_router",
 }
 _SWEEP_NAME = {v: k for k, v in SWEEP_FLAGS.items()}  # old --sweep PARAM=... names -> the flag name
+
+# requests + calls one run may simulate before it is refused: ~60x the default run, about 1 GB of event arrays
+DEFAULT_MAX_REQUESTS = 10_000_000
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -104,6 +107,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--drain-s", dest="drain", type=number(0, 1e7), default=1800.0,
                    help="longest drain after the window, seconds; calls still unfinished then mark the run "
                         "overloaded (default 1800)")
+    t.add_argument("--max-requests", type=int_at_least(1, 10 ** 12), default=DEFAULT_MAX_REQUESTS,
+                   help=f"refuse (exit 3) a run expected to simulate more normal requests and calls than this "
+                        f"(default {DEFAULT_MAX_REQUESTS:,})")
     add_output_args(p, group=p.add_argument_group("output"))
     for old, new in (("--cold-age", "--cold-age-s"), ("--capacity", "--capacity-rps"), ("--warmup", "--warmup-s"),
                      ("--measure", "--measure-s"), ("--drain", "--drain-s")):
@@ -206,6 +212,26 @@ def _csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def _check_run_size(args, ss, config, cap, windows, rho: float | None = None) -> None:
+    """Refuse (exit 3) before simulating when one run's expected requests and calls exceed ``--max-requests``.
+
+    Normal requests arrive until the end of the drain at ``rho x window x capacity`` per instance; sessions
+    start during warm-up and window at ``--session-rate``, each with the workload's mean number of calls.
+    """
+    rho = args.load if rho is None else rho
+    mult = max((DEFAULT_WINDOWS[w] if isinstance(w, str) else float(w)) for w in windows)
+    t_max = args.warmup + args.measure + args.drain
+    normal = rho * mult * sum(cap) * args.instances * t_max
+    calls = args.session_rate * (args.warmup + args.measure) * ss.n_calls / max(1, ss.n_sessions)
+    total = normal + calls
+    if total > args.max_requests:
+        raise ShadowResourceLimit(
+            f"one run would simulate about {total:,.0f} normal requests and calls ({normal:,.0f} arrive at load "
+            f"{rho:g} x window {mult:g} x {sum(cap):g} req/s x {args.instances} instances over {t_max:g} s), more "
+            f"than --max-requests {args.max_requests:,}; lower --load, --instances, --measure-s or --drain-s, or "
+            f"raise --max-requests")
+
+
 def _warn_overloaded(rows: Sequence[dict], drain_s: float) -> bool:
     """One ``warning:`` line on stderr when a run left measured calls unfinished; True when it did."""
     bad = [r for r in rows if (r.get("unfinished_calls") or 0) > 0]
@@ -253,6 +279,9 @@ def cmd_simulate(args) -> int:
     policy = get_policy(args.approach)
     window = _window(args.window)
     ss, config, sizes, cap = _setup(args)
+    if cap is None:
+        cap = calibrated_capacities(config, sizes)  # cached: the run below reuses it
+    _check_run_size(args, ss, config, cap, [window])
     sc = Scenario(rho=args.load, window=window, warmup_s=args.warmup, measure_s=args.measure,
                   drain_s=args.drain, session_rate=args.session_rate, seed=args.sim_seed)
     run = simulate_cluster(ss, config, policy, sc, sizes, cap)
@@ -397,6 +426,10 @@ def cmd_compare(args) -> int:
             raise ShadowError("--context-bins must be increasing token counts > 0")
     workers = _workers(args.workers)
     ss, config, sizes, cap = _setup(args)
+    if cap is None:
+        cap = calibrated_capacities(config, sizes)
+    top_rho = max(sweep_spec[2]) if sweep_spec and sweep_spec[1] == "rho" else None
+    _check_run_size(args, ss, config, cap, windows, rho=top_rho)
     client = None
     if args.dask:
         try:
@@ -409,8 +442,6 @@ def cmd_compare(args) -> int:
             raise ShadowError(f"--dask: cannot connect to {args.dask!r}: {e}") from None
     sc = Scenario(rho=args.load, warmup_s=args.warmup, measure_s=args.measure, drain_s=args.drain,
                   session_rate=args.session_rate)
-    if cap is None:
-        cap = calibrated_capacities(config, sizes)
     progress = Progress("runs", enabled=False if args.quiet else None)
     doc: dict = {"schema_version": 1, "kind": "shadow_cluster_comparison", "tool": "tr-shadow compare",
                  "scenario": vars(sc), "seeds": seeds, "windows": windows, "capacity_rps": list(cap),

@@ -34,8 +34,8 @@ def systems(draw, max_m=3):
     return make_spec(L, rows, C, delta_ms=1.0, latency_curves=curves, max_batch_size=caps)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(systems(), st.integers(1, 4))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(systems(), st.integers(1, 3))
 def test_no_wait_bound_holds_for_every_feasible_vector(spec, N):
     bound = no_wait_bound(spec, N).value_tok_s
     bounder = Bounder(spec, N)
@@ -99,7 +99,7 @@ def _all_throughputs(spec, N):
     return out
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(systems(max_m=3), st.integers(1, 4), st.data())
 def test_box_bound_holds_for_every_vector_in_the_box(spec, N, data):
     M = spec.M
@@ -114,7 +114,7 @@ def test_box_bound_holds_for_every_vector_in_the_box(spec, N, data):
             assert v <= r.upper_tok_s * (1 + 1e-9) + 1e-9, (B, v, r)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(systems(max_m=2), st.integers(1, 3))
 def test_policy_bound_holds_for_every_vector_and_scales(spec, n):
     r = policy_bound(spec, n, max_sweeps=600)

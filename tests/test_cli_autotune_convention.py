@@ -115,3 +115,14 @@ def test_tr_optimize_empty_range_and_lazy_huge_range():
     assert code == 2 and "the range '8-4' is empty" in err
     code, _, err = _optimize(["--p", "0.35", "--L", "6", "27.9", "--N", "1-1000000000", "--no-cache"])
     assert code == 3 and "--max-evaluations" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "link", "folder", "missing/x.json"])
+def test_tr_optimize_out_refuses_non_regular_targets_before_any_work(tmp_path, target):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to("/dev/null")
+    path = target if target.startswith("/") else str(tmp_path / target)
+    code, out, err = _optimize(["--p", "0.35", "--L", "6", "27.9", "--N", "1", "--no-cache", "--out", path])
+    assert code == 2 and out == "" and err.startswith("error:") and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["folder", "link"] and os.listdir(tmp_path / "folder") == []
+    assert os.path.islink(tmp_path / "link") and os.path.exists("/dev/null")

@@ -9,6 +9,7 @@ Usage (from the repository root, in the project's virtual environment)::
     python benchmarks/bench_dtmc.py tolerance   # B* with the default solver == B* with scipy direct
     python benchmarks/bench_dtmc.py coldstart   # first and second tr-optimize --N 8 in a fresh numba cache
     python benchmarks/bench_dtmc.py solvers     # issue 13: previous default solver vs the new one, side by side
+    python benchmarks/bench_dtmc.py interleaved # issue 13: the same, interleaved pairs, medians of the ratios
     python benchmarks/bench_dtmc.py all
 
 Every timing is the median of ``--repeat`` runs (default 5; 1 for the slow
@@ -126,6 +127,82 @@ def solvers(repeat):
     print("R2R L=(6.0, 27.9) ms, N = 16: previous default vs new default (reference: GTH in RCM order)")
     print(format_table(["p", "B", "states", "quoted", "reference tok/s", "previous", "prev. error", "prev. residual",
                         "new", "new error", "new bound", "new solver / bound", "new s"], rows))
+
+
+def _previous_result(T, **_):
+    """A StationaryResult from the previous default solve (no bound), so that the whole evaluation can run
+    through the same pipeline with only the solve swapped."""
+    t0 = time.perf_counter()
+    pi, res = previous_default(T)
+    return dtmc.StationaryResult(pi=pi, residual=res, solver="anderson", iterations=0,
+                                 seconds=time.perf_counter() - t0, n_recurrent=int(np.count_nonzero(pi)),
+                                 n_transient=int(pi.size - np.count_nonzero(pi)))
+
+
+def interleaved(repeat, N=32, Bs=((1, 1), (1, 5))):
+    """Issue 13 item 4, robust to a loaded machine: the whole evaluation with the new default solve and with
+    the previous one (the same ``tr_model.evaluate`` with only ``dtmc.stationary_distribution`` swapped),
+    run alternately (ABBA) in one process; per repetition the ratio new / previous, and the median of the
+    ratios, in wall and in CPU time (``time.process_time``).  Then the solve's stages, also interleaved."""
+    from dtmc import solve as S
+    tr_model.evaluate(R2R, 2, (1, 1))
+    new_solve = dtmc.stationary_distribution
+
+    def run(fn, which):
+        dtmc.stationary_distribution = new_solve if which == "new" else _previous_result
+        try:
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            return time.perf_counter() - w0, time.process_time() - c0
+        finally:
+            dtmc.stationary_distribution = new_solve
+
+    rows = []
+    stage_rows = []
+    for B in Bs:
+        ev = tr_model.evaluate(R2R, N, B)
+        t = {"new": [], "previous": []}
+        for r in range(repeat):
+            for which in (("new", "previous") if r % 2 == 0 else ("previous", "new")):
+                t[which].append(run(lambda: tr_model.evaluate(R2R, N, B), which))
+        rw = [a[0] / b[0] for a, b in zip(t["new"], t["previous"])]
+        rc = [a[1] / b[1] for a, b in zip(t["new"], t["previous"])]
+        med = lambda v: statistics.median(v)  # noqa: E731
+        rows.append([N, " ".join(map(str, B)), ev.states, f"{med([a[0] for a in t['previous']]) * 1e3:.1f}",
+                     f"{med([a[0] for a in t['new']]) * 1e3:.1f}", f"{med(rw):.3f}",
+                     f"{sorted(rw)[len(rw) // 4]:.2f}-{sorted(rw)[(3 * len(rw)) // 4]:.2f}",
+                     f"{med([a[1] for a in t['previous']]) * 1e3:.1f}", f"{med([a[1] for a in t['new']]) * 1e3:.1f}",
+                     f"{med(rc):.3f}", f"{sorted(rc)[len(rc) // 4]:.2f}-{sorted(rc)[(3 * len(rc)) // 4]:.2f}",
+                     ev.solver, f"{ev.throughput_error_bound:.1e}"])
+        # stages of the solve (CPU ms, medians), the previous and the new default side by side
+        d, _ = R2R.quanta_table(N)
+        ch = dtmc.build_chain(R2R.P, R2R.C, d, N, B)
+        T = ch.T
+        st = {}
+
+        def tm(name, fn):
+            c0 = time.process_time()
+            out = fn()
+            st.setdefault(name, []).append(time.process_time() - c0)
+            return out
+        for r in range(repeat):
+            tm("build (enumeration + CSR)", lambda: dtmc.build_chain(R2R.P, R2R.C, d, N, B))
+            tm("closed classes", lambda: S.closed_classes(T))
+            TT = tm("transpose", lambda: S._with_i64(T.T.tocsr()))
+            Ti = S._with_i64(T)
+            x = tm("iteration (Anderson-GS)", lambda: S._anderson(TT, dtmc.DEFAULT_TOL, 5_000, None))[0]
+            tm("tree bound", lambda: S._tree_log_bound(Ti, TT, x))
+            tm("residual", lambda: S._residual_tt(TT, x))
+            tm("solve, previous default", lambda: previous_default(T))
+            tm("solve, new default", lambda: new_solve(T))
+        stage_rows.append([" ".join(map(str, B))] + [f"{statistics.median(v) * 1e3:.1f}" for v in st.values()])
+        stage_names = list(st)
+    print(f"R2R p=0.35, L=(6.0, 27.9) ms, delta=0.1 ms: whole evaluation, new vs previous default solve, "
+          f"{repeat} interleaved pairs (ABBA); ratio = median of the per-pair ratios (IQR beside it)")
+    print(format_table(["N", "B", "states", "wall ms prev.", "wall ms new", "wall ratio", "IQR", "CPU ms prev.",
+                        "CPU ms new", "CPU ratio", "IQR", "solver", "throughput bound"], rows))
+    print(f"Stages, CPU ms, medians of {repeat} (interleaved)")
+    print(format_table(["B"] + stage_names, stage_rows))
 
 
 def _child_peak(code: str) -> tuple[dict, float]:
@@ -248,7 +325,8 @@ def coldstart():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "solvers", "all"])
+    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "solvers", "interleaved",
+                                       "all"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nmax", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
@@ -270,6 +348,8 @@ def main():
         coldstart()
     if a.what in ("solvers", "all"):
         solvers(a.repeat)
+    if a.what in ("interleaved", "all"):
+        interleaved(a.repeat)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from optimizer.bounds import Bounder, gap as rel_gap
 from optimizer.evaluate import Evaluation
-from optimizer.search import TIE_RTOL, _optimum, evaluate_many, pick_best
+from optimizer.optimum import TIE_RTOL, _optimum, evaluate_many, pick_best
 from tr_core import feasibility as F
 from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.spec import SystemSpec

@@ -18,7 +18,6 @@ import os
 import tempfile
 import time
 
-from optimizer.evaluate import Evaluation
 from tr_core.spec import SystemSpec, spec_to_dict
 
 CACHE_FORMAT = 1
@@ -40,11 +39,11 @@ def code_fingerprint() -> str:
     global _CODE_HASH
     if _CODE_HASH is None:
         import dtmc
-        import optimizer.evaluate as ev
         h = hashlib.sha256()
         folder = os.path.dirname(dtmc.__file__)
         files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
-        for path in files + [ev.__file__]:
+        # the evaluation module sits next to this one (found by path: importing it would be a circle)
+        for path in files + [os.path.join(os.path.dirname(os.path.abspath(__file__)), "evaluate.py")]:
             with open(path, "rb") as f:
                 h.update(f.read())
         _CODE_HASH = h.hexdigest()
@@ -69,7 +68,11 @@ def _bound(x) -> float:
 
 
 class ResultCache:
-    """A folder of cached :class:`Evaluation` results."""
+    """A folder of cached evaluations (:class:`optimizer.evaluate.Evaluation`).
+
+    The cache stores plain JSON and rebuilds results with the class the caller
+    passes, so it does not import the module that uses it (no import circle).
+    """
 
     def __init__(self, path: str | None = None):
         self.path = os.fspath(path) if path else default_cache_dir()
@@ -77,7 +80,7 @@ class ResultCache:
     def _file(self, key: str) -> str:
         return os.path.join(self.path, key[:2], key + ".json")
 
-    def get(self, key: str) -> Evaluation | None:
+    def get(self, key: str, factory):
         """The cached evaluation, or ``None``.
 
         A hit says so: ``cached=True``, and ``seconds`` is the time this lookup
@@ -88,7 +91,7 @@ class ResultCache:
         try:
             with open(self._file(key), encoding="utf-8") as f:
                 d = json.load(f)
-            return Evaluation(
+            return factory(
                 N=d["N"], B=tuple(d["B"]), throughput_tok_s=d["throughput_tok_s"], states=d["states"],
                 transitions=d["transitions"], residual=d["residual"], solver=d["solver"],
                 seconds=time.perf_counter() - t0,
@@ -103,7 +106,7 @@ class ResultCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def put(self, key: str, ev: Evaluation) -> None:
+    def put(self, key: str, ev) -> None:
         folder = os.path.dirname(self._file(key))
         try:
             os.makedirs(folder, exist_ok=True)

@@ -103,7 +103,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         if not isinstance(cache, ResultCache):
             cache = ResultCache(cache)
         key = evaluation_key(spec, N, Bt, solver, tol, max_states, round_to_grid)
-        hit = cache.get(key)
+        hit = cache.get(key, Evaluation)
         if hit is not None:
             return hit
     t0 = time.perf_counter()

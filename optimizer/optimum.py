@@ -1,0 +1,140 @@
+"""The result of a threshold search (:class:`Optimum`), the tie rule and the evaluation of many vectors.
+
+Shared by the search modes (:mod:`optimizer.search`, :mod:`optimizer.branch`); see
+:mod:`optimizer.search` for what the fields mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+from optimizer.evaluate import Evaluation, evaluate_thresholds
+from tr_core.spec import SystemSpec
+
+TIE_RTOL = 1e-9
+
+
+def pick_best(evals: Sequence[Evaluation]) -> Evaluation:
+    """The argmax with the spec's tie rule (within 1e-9 relative: smallest B lexicographically)."""
+    top = max(e.throughput_tok_s for e in evals)
+    tied = [e for e in evals if e.throughput_tok_s >= top * (1.0 - TIE_RTOL)]
+    return min(tied, key=lambda e: e.B)
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The best thresholds at one N, the eager baseline, every evaluated B, and how B* was certified.
+
+    ``certificate``: ``"exhaustive"``, ``"pruned-exact"`` (exact: every vector
+    not evaluated was proven worse), ``"certified"`` (best found, with a proven
+    ``upper_bound_tok_s`` over every feasible vector and the relative ``gap``)
+    or ``"local"`` (heuristic; the bound and gap are still proven).
+    ``pruned_by``: bound name -> number of vectors it excluded;
+    ``unresolved``: vectors neither evaluated nor pruned (time budget), covered
+    only by the bound in ``upper_bound_tok_s``.
+    """
+
+    N: int
+    best_B: tuple[int, ...]
+    throughput_tok_s: float
+    eager_throughput_tok_s: float
+    gain_vs_eager: float
+    states: int
+    transitions: int
+    residual: float
+    solver: str
+    seconds: float
+    evaluated: int
+    best: Evaluation
+    eager: Evaluation | None
+    evaluations: tuple[Evaluation, ...] = field(repr=False, default=())
+    certificate: str = "exhaustive"
+    upper_bound_tok_s: float = float("nan")
+    gap: float = 0.0
+    pruned: int = 0
+    pruned_by: Mapping[str, int] = field(default_factory=dict)
+    unresolved: int = 0
+    pruned_vectors: tuple = field(repr=False, default=(), compare=False)   # (B, bound name, bound tok/s)
+
+    def __post_init__(self):
+        if math.isnan(self.upper_bound_tok_s):
+            object.__setattr__(self, "upper_bound_tok_s", float(self.throughput_tok_s))
+
+    @property
+    def table(self):
+        return evaluations_table(self.evaluations)
+
+    @property
+    def exact(self) -> bool:
+        return self.certificate in ("exhaustive", "pruned-exact")
+
+    def to_dict(self) -> dict:
+        return {
+            "N": self.N, "B": list(self.best_B), "throughput_tok_s": self.throughput_tok_s,
+            "eager_throughput_tok_s": _num(self.eager_throughput_tok_s), "gain_vs_eager": _num(self.gain_vs_eager),
+            "per_request_tok_s": self.best.per_request_tok_s,
+            "mean_waiting": list(self.best.mean_waiting),
+            "admission_latency_ms": self.best.to_dict()["admission_latency_ms"],
+            "states": self.states, "transitions": self.transitions, "residual": self.residual,
+            "max_residual": max(e.residual for e in self.evaluations) if self.evaluations else self.residual,
+            "solver": self.solver, "evaluated": self.evaluated, "seconds": self.seconds,
+            "certificate": self.certificate, "upper_bound_tok_s": self.upper_bound_tok_s, "gap": self.gap,
+            "pruned": self.pruned, "pruned_by": dict(self.pruned_by), "unresolved": self.unresolved,
+            "cached": sum(1 for e in self.evaluations if e.cached),
+        }
+
+
+def _num(x: float):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def evaluations_table(evals: Iterable[Evaluation]):
+    """Every evaluated B as a pandas DataFrame (B, tokens/s, its error bound, states, transitions, residual,
+    solver, seconds)."""
+    import pandas as pd  # imported here: the CLI's start-up time should not pay for it
+
+    rows = [{"N": e.N, "B": e.B, "throughput_tok_s": e.throughput_tok_s,
+             "throughput_error_bound": e.throughput_error_bound, "states": e.states,
+             "transitions": e.transitions, "residual": e.residual, "solver": e.solver, "seconds": e.seconds}
+            for e in evals]
+    return pd.DataFrame(rows, columns=["N", "B", "throughput_tok_s", "throughput_error_bound", "states",
+                                       "transitions", "residual", "solver", "seconds"])
+
+
+def _eval_task(args):
+    spec, N, B, kw = args
+    return evaluate_thresholds(spec, N, B, **kw)
+
+
+def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]], *, workers: int = 1,
+                  executor=None, progress: Callable[[int, int], None] | None = None,
+                  **kw) -> list[Evaluation]:
+    """Evaluate many (N, B) pairs; results come back in task order whatever the parallelism.
+
+    ``executor``: any object with a ``concurrent.futures``-style ``submit``
+    (a ``ProcessPoolExecutor``, a Dask ``Client``...).  Otherwise ``workers``
+    > 1 starts a local process pool.
+    """
+    from tr_core.parallel import map_tasks
+
+    payload = [(spec, int(N), tuple(B), kw) for N, B in tasks]
+    # big chains first (large N, small thresholds) so the pool ends evenly loaded
+    order = sorted(range(len(payload)), key=lambda i: (-payload[i][1], sum(payload[i][2]), i))
+    return map_tasks(_eval_task, payload, workers=workers, executor=executor, progress=progress, order=order)
+
+
+def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Optimum:
+    best = pick_best(evals)
+    eager = next((e for e in evals if all(b == 1 for b in e.B)), None)
+    eager_thr = eager.throughput_tok_s if eager is not None else float("nan")
+    return Optimum(N=N, best_B=best.B, throughput_tok_s=best.throughput_tok_s,
+                   eager_throughput_tok_s=eager_thr,
+                   # no gain is defined when eager commits nothing (e.g. C = 0): NaN, reported as null
+                   gain_vs_eager=best.throughput_tok_s / eager_thr if eager_thr > 0 else float("nan"),
+                   states=best.states, transitions=best.transitions, residual=best.residual,
+                   solver=best.solver, seconds=seconds, evaluated=len(evals), best=best, eager=eager,
+                   evaluations=tuple(evals), **extra)
+
+

@@ -79,7 +79,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "decode)); capacity stays calibrated at this scale (default 1)")
     c.add_argument("--shadow-kv-cap", type=number(0, 1), default=0.25, help="shadow KV cap, fraction of the pool "
                                                                             "(default 0.25)")
-    c.add_argument("--cold-age-s", dest="cold_age", type=number(0, 1e9), default=5.0,
+    c.add_argument("--cold-age-s", dest="cold_age", metavar="S", type=number(0, 1e9), default=5.0,
                    help="seconds idle before an entry may be displaced by shadow KV (default 5)")
     c.add_argument("--beta", type=number(0, 1e6, lo_open=True), default=0.5,
                    help="iteration cap, x TPOT SLO (default 0.5)")
@@ -100,14 +100,14 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "repeatable)")
     t.add_argument("--session-rate", type=number(0, 1e6, lo_open=True), default=0.2,
                    help="routed sessions started per second (default 0.2)")
-    t.add_argument("--warmup-s", dest="warmup", type=number(0, 1e7), default=120.0,
+    t.add_argument("--warmup-s", dest="warmup", metavar="S", type=number(0, 1e7), default=120.0,
                    help="warm-up seconds before the measured window (default 120)")
-    t.add_argument("--measure-s", dest="measure", type=number(0, 1e7, lo_open=True), default=600.0,
+    t.add_argument("--measure-s", dest="measure", metavar="S", type=number(0, 1e7, lo_open=True), default=600.0,
                    help="measured window, seconds (default 600)")
-    t.add_argument("--drain-s", dest="drain", type=number(0, 1e7), default=1800.0,
+    t.add_argument("--drain-s", dest="drain", metavar="S", type=number(0, 1e7), default=1800.0,
                    help="longest drain after the window, seconds; calls still unfinished then mark the run "
                         "overloaded (default 1800)")
-    t.add_argument("--max-requests", type=int_at_least(1, 10 ** 12), default=DEFAULT_MAX_REQUESTS,
+    t.add_argument("--max-requests", metavar="N", type=int_at_least(1, 10 ** 12), default=DEFAULT_MAX_REQUESTS,
                    help=f"refuse (exit 3) a run expected to simulate more normal requests and calls than this "
                         f"(default {DEFAULT_MAX_REQUESTS:,})")
     add_output_args(p, group=p.add_argument_group("output"))

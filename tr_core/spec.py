@@ -524,6 +524,8 @@ def _check_json_types(d: Mapping[str, Any]) -> int:
     """Check every field of a spec document for its JSON type; return M.  Messages name the field."""
     L = _json_list(d["step_latency_ms"], "step_latency_ms")
     M = len(L)
+    if M < 2:
+        raise SpecError(f"a system needs at least 2 models, step_latency_ms has {M}")
     for i, v in enumerate(L):
         _json_number(v, f"step_latency_ms[{i}]")
     for key in ("routing_matrix", "committed_tokens"):

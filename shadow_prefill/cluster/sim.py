@@ -18,7 +18,11 @@ traffic shares no prefixes here, but it occupies memory) and session contexts.
 A routed call reuses ``min(cached, history)`` tokens of its session's entry
 on the instance (part 1's token model: a rewritten history truncates every
 model's copy to its first ``history`` tokens), at least one prompt token is
-always computed.  Eviction takes the shadow class first, LRU within a class.
+always computed.  Eviction order (issue 16, no regression by construction): entries
+idle for more than the cold age (only while shadow KV exists), shadow copies, the
+shadow *tails* of normal copies (tokens shadow work appended to a session's
+cached copy; the copy itself keeps its class and LRU place), normal entries;
+LRU within each.
 
 **Host tier** (Host Tier, Harvest-SLO+Host, Oracle+Host): an evicted
 *session* entry spills to the instance's host DRAM (``host_gb_per_gpu`` per
@@ -50,7 +54,8 @@ probability that the session's next call goes to this model.  A chunk
 attends over the job's coverage.  Chunks under ``n_min`` tokens are deferred.
 Shadow KV is its own class, capped at ``shadow_kv_cap`` of the pool; it may
 use free memory or entries idle for more than ``cold_age_s`` (evicting them)
-and is evicted first.  A shadow copy whose prefix was spilled to host DRAM
+and is evicted first (only the shadow's own tokens: see the eviction order above).  A shadow copy whose prefix
+was spilled to host DRAM
 pauses (the switch call reloads it).  Dedicated runs every shadow job on its
 model's extra instance (no normal traffic, no routed calls, full token
 budget) into a warm copy there; a switch call pulls the part its serving

@@ -374,6 +374,25 @@ def decode_states(keys, M, bn, br):
 
 
 @njit(cache=True)
+def leaving_components(indptr, indices, data, labels, ncomp):
+    """Flag the components (``labels`` of the states) with an edge of positive probability to another one.
+
+    One pass over the CSR arrays (any integer dtype).
+    """
+    n = indptr.shape[0] - 1
+    leaving = np.zeros(ncomp, dtype=np.bool_)
+    for i in range(n):
+        li = labels[i]
+        if leaving[li]:
+            continue
+        for q in range(indptr[i], indptr[i + 1]):
+            if data[q] > 0.0 and labels[indices[q]] != li:
+                leaving[li] = True
+                break
+    return leaving
+
+
+@njit(cache=True)
 def diagonal(indptr, indices, data):
     """The diagonal of a CSR matrix (self-loop probabilities ``T_jj`` of ``T^T``)."""
     n = indptr.shape[0] - 1

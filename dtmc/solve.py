@@ -131,13 +131,9 @@ def closed_classes(T: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     ``c`` has no edge to another component.
     """
     ncomp, labels = connected_components(T, directed=True, connection="strong")
-    rows = np.repeat(np.arange(T.shape[0]), np.diff(T.indptr))
-    # only edges that carry probability define the structure
-    mask = T.data > 0
-    lr = labels[rows[mask]]
-    lc = labels[T.indices[mask]]
-    leaving = np.zeros(ncomp, dtype=bool)
-    leaving[lr[lr != lc]] = True
+    # only edges that carry probability define the structure (one compiled pass: the vectorised form
+    # built four arrays of nnz entries and took twice as long as the components themselves)
+    leaving = K.leaving_components(T.indptr, T.indices, T.data, labels, int(ncomp))
     return labels, ~leaving
 
 

@@ -180,3 +180,14 @@ def test_a_required_flag_may_be_given_by_its_deprecated_alias(capsys):
         p.parse_args([])
     assert e.value.code == 2
     assert capsys.readouterr().err.endswith("error: the following arguments are required: --N\n")
+
+
+def test_the_suite_keeps_its_result_cache_out_of_the_users_home():
+    import tempfile
+
+    from optimizer.cache import default_cache_dir
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache")
+    d = os.path.realpath(default_cache_dir())
+    assert not d.startswith(os.path.realpath(home_cache))
+    assert d.startswith(os.path.realpath(tempfile.gettempdir()))
+    assert os.environ["XDG_CACHE_HOME"].startswith(tempfile.gettempdir())

@@ -325,8 +325,8 @@ def coldstart():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "solvers", "interleaved",
-                                       "all"])
+    ap.add_argument("what", choices=["stages", "scaling", "me", "sweep", "tolerance", "coldstart", "solvers",
+                                     "interleaved", "all"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nmax", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)

@@ -114,7 +114,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         if e.transitions:
             raise StateSpaceTooLarge(
                 f"N = {N}, B = {Bt}: the chain has more than {e.max_transitions:,} transitions (about "
-                f"{e.max_transitions * 40 / 2**30:.0f} GiB at the peak); lower N, use a coarser --delta, "
+                f"{e.max_transitions * 40 / 2**30:.0f} GiB at the peak); lower N, use a coarser --delta-ms, "
                 f"or use the simulator (--method simulate)") from None
         # The enumeration stopped at the limit, so only "more than max_states" is known; the a-priori
         # count (every residual combination) is a valid but often very loose ceiling: say which is which.
@@ -122,7 +122,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
             f"N = {N}, B = {Bt}: the chain has more than max_states = {e.max_states:,} reachable states "
             f"(the enumeration stopped there; the a-priori ceiling {e.estimate:,} counts every residual "
             f"combination and is usually far above the reachable count); "
-            f"lower N, use a coarser --delta, raise --max-states, or use the simulator") from None
+            f"lower N, use a coarser --delta-ms, raise --max-states, or use the simulator") from None
     except dtmc.DTMCError as e:
         raise SpecError(str(e)) from None
     seconds = time.perf_counter() - t0

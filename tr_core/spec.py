@@ -305,7 +305,7 @@ class SystemSpec:
                         raise SpecError(
                             f"{where} = {lat:g} ms is not a multiple of delta = {self.delta_ms:g} ms; "
                             f"rounding would give {qi * self.delta_ms:.6g} ms (relative error {rel:+.3g}); "
-                            f"pass --round to apply it, or use --delta auto or a finer --delta")
+                            f"pass --round to apply it, or use --delta-ms auto or a finer --delta-ms")
                     roundings.append(info)
                 d[i, b] = qi
             if not self.batch_dependent:

@@ -16,6 +16,19 @@ def test_main_job_table(run_tool):
     assert r.stderr == ""
 
 
+def test_table_shows_the_error_bound_and_cache_hits(run_tool):
+    args = ("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--B", "1", "2")
+    first, second = run_tool(*args), run_tool(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    header = first.stdout.splitlines()[1].split()
+    assert header[-2:] == ["err_bound", "seconds"]
+    row = first.stdout.splitlines()[-1].replace("(cache)", "").split()
+    bound = float(row[-2])  # err_bound is the last column before seconds
+    assert 0 <= bound < 1e-9
+    # the suite's result cache is shared by the two runs: the second one's seconds are a lookup and say so
+    assert second.stdout.splitlines()[-1].endswith("(cache)")
+
+
 def test_json_and_out(run_tool, tmp_path):
     out = tmp_path / "res.json"
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "1-3", "--format", "json", "--all")

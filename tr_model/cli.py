@@ -417,25 +417,38 @@ def _b(v) -> str:
     return " ".join(map(str, v))
 
 
+def _bound(x) -> str:
+    """A relative throughput error bound; 'inf' when none could be proven (accuracy_ok is then false)."""
+    return "inf" if x is None or not math.isfinite(x) else f"{x:.0e}"
+
+
+def _seconds(x: float, cached: bool) -> str:
+    # a cache hit's time is the lookup, not the computation: say so
+    return f"{x:.3f} (cache)" if cached else f"{x:.3f}"
+
+
 def _num(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
 def _exact_vector_table(results: list) -> tuple[list, list]:
-    headers = ["N", "B", "tok/s", "tok/s/req", "admission_ms", "states", "transitions", "residual", "seconds"]
+    headers = ["N", "B", "tok/s", "tok/s/req", "admission_ms", "states", "transitions", "residual", "err_bound",
+               "seconds"]
     rows = [[r["N"], _b(r["B"]), f"{r['throughput_tok_s']:.2f}", f"{r['per_request_tok_s']:.2f}",
              " ".join(_fmt_lat(x) for x in r["admission_latency_ms"]), r["states"], r["transitions"],
-             f"{r['residual']:.1e}", f"{r['seconds']:.3f}"] for r in results]
+             f"{r['residual']:.1e}", _bound(r.get("throughput_error_bound")),
+             _seconds(r["seconds"], bool(r.get("cached")))] for r in results]
     return headers, rows
 
 
 def _exact_search_table(results: list) -> tuple[list, list]:
     headers = ["N", "B*", "tok/s", "eager tok/s", "gain", "tok/s/req", "admission_ms", "states", "evaluated",
-               "residual", "seconds"]
+               "residual", "err_bound", "seconds"]
     rows = [[r["N"], _b(r["B"]), f"{r['throughput_tok_s']:.2f}", f"{r['eager_throughput_tok_s']:.2f}",
              format_gain(r["gain_vs_eager"]), f"{r['per_request_tok_s']:.2f}",
              " ".join(_fmt_lat(x) for x in r["admission_latency_ms"]), r["states"], r["evaluated"],
-             f"{r['max_residual']:.1e}", f"{r['seconds']:.3f}"] for r in results]
+             f"{r['max_residual']:.1e}", _bound(r.get("max_throughput_error_bound", r.get("throughput_error_bound"))),
+             _seconds(r["seconds"], bool(r["evaluated"]) and r.get("cached") == r["evaluated"])] for r in results]
     return headers, rows
 
 

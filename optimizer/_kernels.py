@@ -63,19 +63,8 @@ def _rehash(keys, n, capacity):
 
 
 @njit(cache=True)
-def _grow_i(a, need):
-    if need <= a.shape[0]:
-        return a
-    cap = a.shape[0] * 2
-    while cap < need:
-        cap *= 2
-    out = np.empty(cap, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit(cache=True)
-def _grow_f(a, need):
+def _grow(a, need):
+    # one generic kernel: numba compiles it once per dtype (int64 keys, float64 probabilities)
     if need <= a.shape[0]:
         return a
     cap = a.shape[0] * 2
@@ -312,8 +301,8 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
                     for j in range(M):
                         k2[j] += parts[c, j]
                 if m == ukeys.shape[0]:
-                    ukeys = _grow_i(ukeys, m + 1)
-                    uprob = _grow_f(uprob, m + 1)
+                    ukeys = _grow(ukeys, m + 1)
+                    uprob = _grow(uprob, m + 1)
                 ukeys[m] = _pack(k2, b2, r2, M, bn, br)
                 uprob[m] = p
                 m += 1
@@ -335,9 +324,9 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
                 continue
             last = ukeys[o]
             if nu + 1 >= out_prob.shape[0]:
-                out_prob = _grow_f(out_prob, nu + 2)
+                out_prob = _grow(out_prob, nu + 2)
             if nu + 2 >= opt_ptr.shape[0]:
-                opt_ptr = _grow_i(opt_ptr, nu + 3)
+                opt_ptr = _grow(opt_ptr, nu + 3)
             out_prob[nu] = uprob[o]
             _unpack(last, k2, b2, r2, M, bn, br)
             cnt = _options(k2, b2, r2, lo, hi, caps, d, M, bn, br, optbuf, empty, sf, sk, sb, sr)
@@ -346,17 +335,17 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
             if ne + cnt > max_entries:
                 return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
             if ne + cnt > opt_idx.shape[0]:
-                opt_idx = _grow_i(opt_idx, ne + cnt)
+                opt_idx = _grow(opt_idx, ne + cnt)
             for c2 in range(cnt):
                 ix, ins = _find(tkeys, tvals, optbuf[c2], n)
                 if ins:
                     if n >= max_states:
                         return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
                     if n >= keys.shape[0]:
-                        keys = _grow_i(keys, n + 1)
-                        tau = _grow_i(tau, n + 1)
-                        g = _grow_f(g, n + 1)
-                        out_ptr = _grow_i(out_ptr, keys.shape[0] + 1)
+                        keys = _grow(keys, n + 1)
+                        tau = _grow(tau, n + 1)
+                        g = _grow(g, n + 1)
+                        out_ptr = _grow(out_ptr, keys.shape[0] + 1)
                     keys[n] = optbuf[c2]
                     n += 1
                     if 2 * n > tkeys.shape[0]:

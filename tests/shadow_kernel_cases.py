@@ -78,9 +78,10 @@ def digest(run) -> dict:
 
 
 def legacy(cfg):
-    """The fixture predates issue 16's shadow-tail class: replay it with the whole-copy rule it had."""
+    """The fixture predates issue 16's rules (shadow-tail class, cold entries first, reclaim guard): replay it with
+    the rules it had."""
     from dataclasses import replace
-    return replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False)
+    return replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False, reclaim_guard=False)
 
 
 def compute_all() -> dict:

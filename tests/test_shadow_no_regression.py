@@ -11,6 +11,12 @@ Seeds change the normal traffic and the session starts, so ``sd(d)`` is the run-
 comparison itself.  A second, deterministic check pins the mechanism the issue found: a session's copy that
 shadow work extends stays in the normal class, so its cached prefix is never evicted before No Shadow would
 evict it.
+
+The cold-entry age of 120 s without the host tier (paper-calibrated sessions, cached normal requests) is the
+configuration where, before the reclaim guard, almost no entry idled long enough to be cold: shadow chunks
+went into free memory, the next admission dropped them unused (99% of shadow tokens), and they were
+recomputed over and over while stretching iterations.  The same statistic runs there, and once with the
+guard off to show that it detects that regression.
 """
 
 from __future__ import annotations
@@ -57,6 +63,28 @@ def sessions():
                                                        first_input=LogNormal(4000.0, 0.8), seed=11))
 
 
+def _slower_beyond_noise(sessions, config, approaches, scenarios, capacity):
+    """(approach, what, mean, tol) for every approach significantly slower than No Shadow (one-sided t, 1%)."""
+    d = {(a, sw): [] for a in approaches for sw in (False, True)}
+    for sc in scenarios:
+        base = simulate_cluster(sessions, config, "No Shadow", sc, capacity=capacity)
+        assert base.totals[K.G_INVARIANT_ERRORS] == 0
+        for a in approaches:
+            r = simulate_cluster(sessions, config, a, sc, capacity=capacity)
+            assert r.totals[K.G_INVARIANT_ERRORS] == 0
+            for sw in (False, True):
+                d[(a, sw)].append(_paired(base, r, sw))
+    bad = []
+    for (a, sw), xs in d.items():
+        x = np.asarray([v for v in xs if math.isfinite(v)])
+        if x.size < 2:
+            continue
+        tol = float(sps.t.ppf(0.99, x.size - 1)) * x.std(ddof=1) / math.sqrt(x.size)
+        if x.mean() > tol:
+            bad.append((a, "switch calls" if sw else "all calls", float(x.mean()), tol))
+    return bad
+
+
 def _paired(base, run, switch_only):
     common = base.call_measured & base.call_done & run.call_done
     if switch_only:
@@ -68,26 +96,10 @@ def _paired(base, run, switch_only):
 
 @pytest.mark.parametrize("name,config,rho", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_no_approach_slower_than_no_shadow_beyond_noise(sessions, name, config, rho):
-    d = {(a, sw): [] for a in APPROACHES for sw in (False, True)}
-    for s in SEEDS:
-        sc = Scenario(rho=rho, warmup_s=20.0, measure_s=90.0, drain_s=600.0, session_rate=0.25, seed=s)
-        base = simulate_cluster(sessions, config, "No Shadow", sc, capacity=CAP)
-        assert base.totals[K.G_INVARIANT_ERRORS] == 0
-        for a in APPROACHES:
-            r = simulate_cluster(sessions, config, a, sc, capacity=CAP)
-            assert r.totals[K.G_INVARIANT_ERRORS] == 0
-            for sw in (False, True):
-                d[(a, sw)].append(_paired(base, r, sw))
-    n = len(SEEDS)
-    t99 = float(sps.t.ppf(0.99, n - 1))
-    for (a, sw), xs in d.items():
-        x = np.asarray([v for v in xs if math.isfinite(v)])
-        if x.size < 2:
-            continue
-        tol = t99 * x.std(ddof=1) / math.sqrt(x.size)
-        what = "switch calls" if sw else "all calls"
-        assert x.mean() <= tol, (f"{name}: {a} is slower than No Shadow on {what} by {100 * x.mean():.2f}% "
-                                 f"(paired over {x.size} seeds; noise bound {100 * tol:.2f}%)")
+    scs = [Scenario(rho=rho, warmup_s=20.0, measure_s=90.0, drain_s=600.0, session_rate=0.25, seed=s) for s in SEEDS]
+    bad = _slower_beyond_noise(sessions, config, APPROACHES, scs, CAP)
+    assert not bad, "; ".join(f"{name}: {a} is slower than No Shadow on {w} by {100 * m:.2f}% (paired over "
+                              f"{len(SEEDS)} seeds; noise bound {100 * t:.2f}%)" for a, w, m, t in bad)
 
 
 def test_extended_copy_keeps_its_class_and_place():
@@ -106,3 +118,47 @@ def test_extended_copy_keeps_its_class_and_place():
         # the switch back to b hits at least what No Shadow keeps (b's own copy), plus the shadow's tail
         assert r.call_hit[2] >= base.call_hit[2]
         assert r.call_hit[2] > base.call_hit[2]
+
+
+NO_HOST = ("Harvest", "Harvest-SLO", "Predictive")
+
+
+@pytest.fixture(scope="module")
+def paper_sessions():
+    from shadow_prefill.builder import generate_synthetic_sessions as gen, workload_preset
+    return gen(workload_preset("paper", n_sessions=100, seed=0), name="paper")
+
+
+def _cold120(guard):
+    cfg = ClusterConfig(instances=1, cache_normal_requests=True, cold_age_s=120.0, reclaim_guard=guard)
+    scs = [Scenario(rho=0.7, warmup_s=30.0, measure_s=150.0, drain_s=900.0, session_rate=0.05, seed=s)
+           for s in SEEDS]
+    return cfg, scs
+
+
+def test_cold_age_120_without_host_tier_no_slower(paper_sessions):
+    cfg, scs = _cold120(True)
+    bad = _slower_beyond_noise(paper_sessions, cfg, NO_HOST, scs, CAP)
+    assert not bad, "; ".join(f"{a} slower on {w} by {100 * m:.2f}% (noise bound {100 * t:.2f}%)"
+                              for a, w, m, t in bad)
+
+
+def test_cold_age_120_regression_is_detected_without_the_guard(paper_sessions):
+    """The statistic can fail: with the reclaim guard off, shadow churn makes Harvest significantly slower."""
+    cfg, scs = _cold120(False)
+    bad = _slower_beyond_noise(paper_sessions, cfg, NO_HOST, scs, CAP)
+    assert ("Harvest", "all calls") in {(a, w) for a, w, _, _ in bad}
+
+
+def test_reclaim_guard_stops_shadow_churn(paper_sessions):
+    """Mechanism: admissions drop unused shadow KV; with the guard, far fewer tokens are computed only to be dropped."""
+    sc = _cold120(True)[1][0]
+    drop = {}
+    for guard in (False, True):
+        cfg = _cold120(guard)[0]
+        r = simulate_cluster(paper_sessions, cfg, "Harvest-SLO", sc, capacity=CAP)
+        assert r.totals[K.G_INVARIANT_ERRORS] == 0
+        assert r.totals[K.G_SHADOW_DROPPED] <= r.totals[K.G_SHADOW_RECLAIMED] <= r.totals[K.G_SHADOW_COMPUTED]
+        drop[guard] = r.totals[K.G_SHADOW_DROPPED]
+    # without the guard nearly every shadow token is computed into memory an admission takes back
+    assert drop[False] > 10 * drop[True]

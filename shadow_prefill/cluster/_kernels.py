@@ -52,7 +52,8 @@ Q_POLL = 15         # re-check period of an idle instance whose shadow work wait
 Q_CACHE_NORMAL = 16  # keep finished normal requests as (never-hit) cache entries
 Q_WHOLE_COPY = 17   # legacy (before issue 16): a copy that shadow work extends joins the shadow class whole
 Q_COLD_FIRST = 18   # admissions take entries idle > cold age before the shadow class (what shadows may take too)
-Q_SIZE = 19
+Q_RECLAIM_GUARD = 19  # after an admission drops unused shadow KV, shadows take no free memory for the cold age
+Q_SIZE = 20
 
 # ---- request kinds
 K_NORMAL = 0
@@ -104,7 +105,9 @@ G_PF_NORMAL_ALL = 9     # prefill tokens over the whole run, per class
 G_PF_ROUTED_ALL = 10
 G_PF_EAGER_ALL = 11
 G_INVARIANT_ERRORS = 12  # end-of-run KV bookkeeping mismatches (0 when consistent)
-G_SIZE = 13
+G_SHADOW_RECLAIMED = 13  # shadow tokens (copies and tails) that admissions evicted from HBM, spilled or dropped
+G_SHADOW_DROPPED = 14    # the part of them that was lost (no host copy kept)
+G_SIZE = 15
 
 
 # ============================================================================ latency (mirror of part 1)
@@ -369,12 +372,13 @@ def _free_hbm(used, caps, i):
 
 @nb.njit(cache=True)
 def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, host, gstats,
-               cold_cutoff):
+               cold_cutoff, now, reclaim_t):
     """Evict until ``need`` tokens are free; False if impossible.
 
     Order: normal entries idle since ``cold_cutoff`` (the memory a shadow chunk may take as if it were free;
     only while a shadow class exists, so No Shadow's plain LRU is unchanged), then the shadow class (shadow
-    copies, then shadow tails of normal copies), then normal entries, LRU within each.
+    copies, then shadow tails of normal copies), then normal entries, LRU within each.  ``reclaim_t[i]``
+    records when an admission last dropped unused shadow KV here (the reclaim guard of ``_shadow_chunks``).
     """
     while _free_hbm(used, caps, i) < need:
         e = lists[i, L_NORM, 1]
@@ -383,12 +387,18 @@ def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
             continue
         e = lists[i, L_SHADOW, 1]
         if e < 0 and used[i, U_TAIL] > 0:
-            _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats)
+            if _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats) > 0:
+                reclaim_t[i] = now
             continue
         if e < 0:
             e = lists[i, L_NORM, 1]
         if e < 0:
             return False
+        if ent[E_LIST, e] == L_SHADOW:
+            gstats[G_SHADOW_RECLAIMED] += ent[E_TOK, e]
+            if not (host and ent[E_SESS, e] >= 0 and ent[E_TOK, e] <= caps[i, 1]):
+                gstats[G_SHADOW_DROPPED] += ent[E_TOK, e]
+                reclaim_t[i] = now
         _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
     return True
 
@@ -398,19 +408,24 @@ def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree
     """Cut the shadow tail of the least recently used normal-class copy that has one, back to its base.
 
     The copy's own tokens stay where No Shadow would keep them; with the host tier the whole copy (tail
-    included) is spilled first, as any evicted session entry is.
+    included) is spilled first, as any evicted session entry is.  Returns the tail tokens lost (not kept on
+    the host).
     """
     e = lists[i, L_NORM, 1]
     while e >= 0 and ent[E_TAIL, e] <= 0:
         e = ent[E_PREV, e]
     if e < 0:
-        return
+        return 0
     tail = ent[E_TAIL, e]
     full = ent[E_TOK, e]
     sm = ent[E_SESS, e]
     gstats[G_EVICT_HBM] += 1
+    gstats[G_SHADOW_RECLAIMED] += tail
+    lost = tail
     if host and sm >= 0 and full <= caps[i, 1]:
         old = sm_host[sm]
+        if old >= 0 and ent[E_TOK, old] >= full:
+            lost = 0
         if old < 0 or ent[E_TOK, old] < full:
             if old >= 0:
                 _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old)
@@ -426,12 +441,15 @@ def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree
                 used[i, 1 + L_HOST] += full
                 sm_host[sm] = h
                 gstats[G_SPILL] += full
+                lost = 0
                 while used[i, 1 + L_HOST] > caps[i, 1]:
                     _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, lists[i, L_HOST, 1])
     ent[E_TOK, e] = full - tail
     used[i, 1] -= tail
     used[i, U_TAIL] -= tail
     ent[E_TAIL, e] = 0
+    gstats[G_SHADOW_DROPPED] += lost
+    return lost
 
 
 @nb.njit(cache=True)
@@ -838,7 +856,7 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_c
            pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
            r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
            c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
-           ent, last, lists, used, free_stack, nfree, gstats, itf, iti):
+           ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_t):
     """Admissions from the FIFO waiting queue: prefix hit, host/network reload, KV reservation, first chunk."""
     nrun = iti[I_NRUN]
     budget = iti[I_BUDGET]
@@ -933,7 +951,7 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_c
             _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
             used[i, 1 + L_HOST] -= ent[E_TOK, eh]
         ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
-                        need - resident, host, gstats, cold_cutoff)
+                        need - resident, host, gstats, cold_cutoff, now, reclaim_t)
         if not ok:
             if e >= 0:
                 ent[E_TOK, e] = resident
@@ -1034,8 +1052,13 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_c
 def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin,
                    n_min, cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
                    s_active, s_cur, s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem,
-                   sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti):
+                   sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard,
+                   reclaim_t):
     """Algorithm 1: shadow chunks appended last to the iteration, by decreasing switch probability.
+
+    A chunk takes free memory or entries idle for more than the cold age.  Reclaim guard: for the cold age
+    after an admission here dropped unused shadow KV, free memory is not idle (the pool turns over faster
+    than the cold age and the next admission would take it back at once), so chunks take only cold entries.
 
     Returns ``(shadow tokens, spent on a credit branch, poll again later, iteration seconds)``.
     """
@@ -1114,7 +1137,10 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
                 room_cap -= ent[E_TOK, own]  # legacy: the copy joins the shadow class
             if room_cap < hi:
                 hi = room_cap
-            avail = _cold_room(ent, last, lists, used, inst_caps, i, hi, cutoff, own)
+            keep_free = 0  # free tokens the chunk must leave free (the reclaim guard)
+            if reclaim_guard and now - reclaim_t[i] < cold_age:
+                keep_free = _free_hbm(used, inst_caps, i)
+            avail = _cold_room(ent, last, lists, used, inst_caps, i, hi + keep_free, cutoff, own) - keep_free
             if avail < hi:
                 hi = avail
             if hi < n_min:
@@ -1123,8 +1149,8 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             n, t_new = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(bcov), hi, n_min, limit)
             if n <= 0:
                 break
-            if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i, n,
-                               cutoff, own, host, gstats):
+            if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
+                               n + keep_free, cutoff, own, host, gstats):
                 break
             own = sm_hbm[sm]
             if own < 0:
@@ -1391,6 +1417,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     cache_normal = par[Q_CACHE_NORMAL] != 0.0
     whole_copy = par[Q_WHOLE_COPY] != 0.0
     cold_first = par[Q_COLD_FIRST] != 0.0
+    reclaim_guard = par[Q_RECLAIM_GUARD] != 0.0
     harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
     ded_mode = shadow_mode == SH_DEDICATED
     eager = shadow_mode == SH_EAGER
@@ -1448,6 +1475,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     busy_until = np.zeros(I, np.float64)
     pcie_free = np.zeros(I, np.float64)
     credit = np.zeros(I, np.float64)
+    reclaim_t = np.full(I, -INF)            # last time an admission dropped unused shadow KV (reclaim guard)
     istats = np.zeros((I, S_SIZE), np.float64)
     gstats = np.zeros(G_SIZE, np.float64)
     ded_of = np.full(M, -1, np.int64)
@@ -1568,14 +1596,14 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
                r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
                c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
-               ent, last, lists, used, free_stack, nfree, gstats, itf, iti)
+               ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_t)
         base_t = iteration_time(lm, float(iti[I_ND]), itf[F_DCTX], itf[F_PT], itf[F_PP], itf[F_PK], itf[F_NC])
         # ---------------- shadow chunks (Algorithm 1), lowest priority
         sh_tok, stretch_branch, poll_wake, dur = _shadow_chunks(
             i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin, n_min,
             cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
             s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, sm_hbm, sm_host, ent,
-            last, lists, used, free_stack, nfree, gstats, itf, iti)
+            last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard, reclaim_t)
         if dur <= 0.0:
             # nothing runnable: sleep until a host reload completes or new work arrives
             if itf[F_NEXT_READY] < INF:

@@ -54,7 +54,12 @@ probability that the session's next call goes to this model.  A chunk
 attends over the job's coverage.  Chunks under ``n_min`` tokens are deferred.
 Shadow KV is its own class, capped at ``shadow_kv_cap`` of the pool; it may
 use free memory or entries idle for more than ``cold_age_s`` (evicting them)
-and is evicted first (only the shadow's own tokens: see the eviction order above).  A shadow copy whose prefix
+and is evicted first (only the shadow's own tokens: see the eviction order above).
+Reclaim guard: for ``cold_age_s`` after an admission on an instance dropped
+unused shadow KV (evicted it with no host copy kept), free memory there is not
+idle either, and chunks take only cold entries; without it, where no entry idles
+for the cold age, shadows went into free memory that the next admission took
+back at once, and were recomputed over and over.  A shadow copy whose prefix
 was spilled to host DRAM
 pauses (the switch call reloads it).  Dedicated runs every shadow job on its
 model's extra instance (no normal traffic, no routed calls, full token
@@ -123,6 +128,8 @@ class ClusterConfig:
     cache_normal_requests: bool = False         # keep finished normal requests as never-hit cache entries
     shadow_extends_whole_copy: bool = False     # legacy (before issue 16): an extended copy turns evict-first whole
     cold_entries_first: bool = True             # admissions evict entries idle > cold_age_s before shadow KV
+    reclaim_guard: bool = True                  # no shadow into free memory for cold_age_s after an admission
+                                                # dropped unused shadow KV on that instance
     power: PowerModel | None = None
 
     def check(self, n_models: int | None = None) -> None:
@@ -280,6 +287,7 @@ def _params(config: ClusterConfig, policy: Policy, warm: float, meas_end: float,
     par[_k.Q_CACHE_NORMAL] = float(config.cache_normal_requests)
     par[_k.Q_WHOLE_COPY] = float(config.shadow_extends_whole_copy)
     par[_k.Q_COLD_FIRST] = float(config.cold_entries_first)
+    par[_k.Q_RECLAIM_GUARD] = float(config.reclaim_guard)
     return par
 
 

@@ -92,6 +92,8 @@ def setup(a):
                   session_rate=a.session_rate)
     t0 = time.perf_counter()
     cap = calibrated_capacities(cfg, sizes)
+    if a.cold_age_s is not None:  # after calibration (normal traffic only: the cold age does not enter it)
+        cfg = replace(cfg, cold_age_s=a.cold_age_s)
     print(f"# workload {a.workload} ({ss.n_sessions} sessions, {ss.n_calls} calls), pair {' / '.join(PAIRS[a.workload])}"
           f", traffic {sizes.name}, capacity {cap[0]:.2f} / {cap[1]:.2f} req/s per instance "
           f"({time.perf_counter() - t0:.0f} s), cached normal requests: {cfg.cache_normal_requests}", flush=True)
@@ -262,9 +264,12 @@ def router(a):
 def ablation(a):
     """The no-regression mechanism (issue 16): the pre-fix rules against the fixed ones on one grid."""
     ss, cfg, sizes, sc, cap = setup(a)
-    for name, c in (("fixed (tail class, cold entries first)", cfg),
-                    ("whole copy evict-first", replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False)),
-                    ("tail class only", replace(cfg, cold_entries_first=False))):
+    print(f"# cold-entry age {cfg.cold_age_s:g} s")
+    for name, c in (("fixed (tail class, cold entries first, reclaim guard)", cfg),
+                    ("whole copy evict-first", replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False,
+                                                       reclaim_guard=False)),
+                    ("tail class only", replace(cfg, cold_entries_first=False, reclaim_guard=False)),
+                    ("tail class, cold entries first, no reclaim guard", replace(cfg, reclaim_guard=False))):
         runs = run_grid(ss, c, ("No Shadow", "Harvest", "Harvest-SLO", "Harvest-SLO+Host"), a.seeds, a.windows, sc,
                         sizes, cap, workers=a.workers)
         df = summarize_comparison(compare_runs(runs))
@@ -295,6 +300,7 @@ def main():
     ap.add_argument("--drain-s", type=float, default=1200.0)
     ap.add_argument("--traffic", choices=("synthetic", "conv", "code"), default="synthetic")
     ap.add_argument("--free-normal", action="store_true", help="finished normal requests free their KV")
+    ap.add_argument("--cold-age-s", type=float, default=None, help="cold-entry age (default: the config's, 5 s)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--jsonl", default=None)
     a = ap.parse_args()

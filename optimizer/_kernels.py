@@ -373,11 +373,16 @@ def _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx):
 
 
 @njit(cache=True)
-def mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, sweeps):
-    """``sweeps`` in-place Gauss-Seidel value-iteration sweeps of ``h <- g - lam tau + Q* h``, renormalised."""
+def mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, sweeps, omega):
+    """``sweeps`` in-place Gauss-Seidel value-iteration sweeps of ``h <- g - lam tau + Q* h``, renormalised.
+
+    ``omega < 1`` damps each update (``h += omega (new - h)``): the aperiodicity transform, which makes
+    the iteration converge on periodic processes (coarse clocks with commensurate steps are).
+    """
     for _ in range(sweeps):
         for s in range(n):
-            h[s] = g[s] - lam * tau[s] + _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx)
+            v = g[s] - lam * tau[s] + _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx)
+            h[s] += omega * (v - h[s])
         ref = h[0]
         for s in range(n):
             h[s] -= ref
@@ -400,3 +405,314 @@ def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
         if a > mag:
             mag = a
     return lo, hi, mag
+
+
+# ---------------------------------------------------------------------------------------------
+# The coarse-clock relaxation (docs/model.md, bound 5).  Time is read on a clock of slots of
+# ``c`` quanta; a batch launched inside a slot ends ``floor`` or ``ceil`` of its quanta / c slots
+# later (the controller picks), and completions that fall in one slot happen in an order the
+# controller picks (an ordered partition of the completing models), each stage followed by the
+# launch rule of the box.  Every trajectory of the fine chain is one history-dependent policy of
+# it, so its certificate bounds the fine chain; the state space shrinks by about c per residual.
+
+@njit(cache=True)
+def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
+    """Expand configurations ``cfg[:ncfg]`` (rows k | b | r) by every allowed launch decision into ``out``.
+
+    Per idle model j: wait (when ``k_j < hi_j``), or launch all waiting (when ``k_j >= max(lo_j, 1)``,
+    forced at ``k_j >= hi_j``) for ``dlo`` or ``dhi`` slots.  Returns the row count written.
+    """
+    nout = 0
+    for c in range(ncfg):
+        for j in range(M):
+            k = cfg[c, j]
+            if cfg[c, 2 * M + j] != 0 or k < 1 or k < lo[j]:
+                first[j] = 0
+                nch[j] = 1
+            else:
+                take = k if k < caps[j] else caps[j]
+                two = dlo[j, take] != dhi[j, take]
+                if k >= hi[j]:
+                    first[j] = 1
+                    nch[j] = 2 if two else 1
+                else:
+                    first[j] = 0
+                    nch[j] = 3 if two else 2
+            ch[j] = 0
+        while True:
+            for x in range(3 * M):
+                out[nout, x] = cfg[c, x]
+            for j in range(M):
+                a = first[j] + ch[j]
+                if a > 0:
+                    k = cfg[c, j]
+                    take = k if k < caps[j] else caps[j]
+                    out[nout, j] = k - take
+                    out[nout, M + j] = take
+                    out[nout, 2 * M + j] = dlo[j, take] if a == 1 else dhi[j, take]
+            nout += 1
+            j = 0
+            while j < M:
+                ch[j] += 1
+                if ch[j] < nch[j]:
+                    break
+                ch[j] = 0
+                j += 1
+            if j == M:
+                break
+    return nout
+
+
+@njit(cache=True)
+def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch, first, kk, bb, rr):
+    """The last stage of :func:`_stage_launch` for row ``c`` of ``cfg``, straight to packed keys.
+
+    Inserts each key of a configuration with a running model into the sorted, unique ``opts[:nopt]``;
+    returns the new count.
+    """
+    for j in range(M):
+        k = cfg[c, j]
+        ch[j] = 0
+        if cfg[c, 2 * M + j] != 0 or k < 1 or k < lo[j]:
+            first[j] = 0
+            nch[j] = 1
+        else:
+            take = k if k < caps[j] else caps[j]
+            two = dlo[j, take] != dhi[j, take]
+            if k >= hi[j]:
+                first[j] = 1
+                nch[j] = 2 if two else 1
+            else:
+                first[j] = 0
+                nch[j] = 3 if two else 2
+    while True:
+        running = False
+        for j in range(M):
+            a = first[j] + ch[j]
+            k = cfg[c, j]
+            if a > 0:
+                take = k if k < caps[j] else caps[j]
+                kk[j] = k - take
+                bb[j] = take
+                rr[j] = dlo[j, take] if a == 1 else dhi[j, take]
+            else:
+                kk[j] = k
+                bb[j] = cfg[c, M + j]
+                rr[j] = cfg[c, 2 * M + j]
+            if rr[j] > 0:
+                running = True
+        if running:
+            key = _pack(kk, bb, rr, M, bn, br)
+            q = nopt
+            while q > 0 and opts[q - 1] > key:
+                q -= 1
+            if not (q > 0 and opts[q - 1] == key):
+                for x in range(nopt, q, -1):
+                    opts[x] = opts[x - 1]
+                opts[q] = key
+                nopt += 1
+        j = 0
+        while j < M:
+            ch[j] += 1
+            if ch[j] < nch[j]:
+                break
+            ch[j] = 0
+            j += 1
+        if j == M:
+            break
+    return nopt
+
+
+@njit(cache=True)
+def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M, bn, br, ordered, opts,
+                    cfg, nxt, stage, kk, bb, rr, ch, nch, first):
+    """Post-launch keys of one joint routing outcome (``cidx[a]`` = composition of completing ``done[a]``).
+
+    With ``ordered``, every ordered partition of the completing models is a possible order of their
+    completions (stage by stage, launch rule after each); without it they complete together.
+    Writes the keys, sorted and unique, to ``opts`` and returns their count.  ``cfg``/``nxt`` hold
+    at least ``3**(M*M)`` rows (every launch choice at every stage); the rest is scratch.
+    """
+    nopt = 0
+    for a in range(na):
+        stage[a] = 0
+    while True:
+        # is ``stage[:na]`` an ordered partition with stages 0..S-1 all used?
+        S = 0
+        for a in range(na):
+            if stage[a] + 1 > S:
+                S = stage[a] + 1
+        ok = True
+        if na > 1:
+            for s_ in range(S):
+                hit = False
+                for a in range(na):
+                    if stage[a] == s_:
+                        hit = True
+                if not hit:
+                    ok = False
+        if ok and (ordered or S == 1):
+            ncfg = 1
+            for i in range(M):
+                cfg[0, i] = k[i]
+                cfg[0, M + i] = b[i]
+                if r[i] > 0 and r[i] != t:
+                    cfg[0, 2 * M + i] = r[i] - t
+                else:
+                    # completing later in the slot: still busy (r = 1 is only a marker)
+                    cfg[0, 2 * M + i] = 1 if r[i] > 0 else 0
+            for s_ in range(S):
+                for c in range(ncfg):
+                    for a in range(na):
+                        if stage[a] == s_:
+                            i = done[a]
+                            cfg[c, M + i] = 0
+                            cfg[c, 2 * M + i] = 0
+                            for j in range(M):
+                                cfg[c, j] += parts[cidx[a], j]
+                if s_ == S - 1:
+                    for c in range(ncfg):
+                        nopt = _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch, first,
+                                            kk, bb, rr)
+                else:
+                    ncfg = _stage_launch(cfg, ncfg, nxt, lo, hi, caps, dlo, dhi, M, ch, nch, first)
+                    cfg, nxt = nxt, cfg
+        a = 0
+        while a < na:
+            stage[a] += 1
+            if stage[a] < na:
+                break
+            stage[a] = 0
+            a += 1
+        if a == na:
+            break
+    return nopt
+
+
+@njit(cache=True)
+def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
+                     ordered):
+    """Enumerate the coarse-clock decision process of the box ``lo <= B <= hi`` (same outputs as
+    :func:`mdp_build`: status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)."""
+    M = lo.shape[0]
+    cap = 1024
+    keys = np.empty(cap, dtype=np.int64)
+    tau = np.empty(cap, dtype=np.int64)
+    g = np.empty(cap, dtype=np.float64)
+    out_ptr = np.zeros(cap + 1, dtype=np.int64)
+    out_prob = np.empty(cap * 4, dtype=np.float64)
+    opt_ptr = np.zeros(cap * 4 + 1, dtype=np.int64)
+    opt_idx = np.empty(cap * 8, dtype=np.int64)
+    tcap = 4096
+    tkeys = np.full(tcap, EMPTY, dtype=np.int64)
+    tvals = np.empty(tcap, dtype=np.int64)
+    k = np.zeros(M, dtype=np.int64)
+    b = np.zeros(M, dtype=np.int64)
+    r = np.zeros(M, dtype=np.int64)
+    done = np.zeros(M, dtype=np.int64)
+    idx = np.zeros(M, dtype=np.int64)
+    clo = np.zeros(M, dtype=np.int64)
+    chi = np.zeros(M, dtype=np.int64)
+    rows = 1
+    for _ in range(M * M):
+        rows *= 3
+    opts = np.empty(rows + 1, dtype=np.int64)
+    cfg = np.zeros((rows, 3 * M), dtype=np.int64)
+    nxt = np.zeros((rows, 3 * M), dtype=np.int64)
+    stage = np.zeros(M, dtype=np.int64)
+    kk = np.zeros(M, dtype=np.int64)
+    bb = np.zeros(M, dtype=np.int64)
+    rr = np.zeros(M, dtype=np.int64)
+    ch = np.zeros(M, dtype=np.int64)
+    nch = np.zeros(M, dtype=np.int64)
+    first = np.zeros(M, dtype=np.int64)
+    # initial configuration: all N wait at model 0, launch rule once (no completions: one stage)
+    cfg[0, 0] = N
+    out = nxt
+    nst = _stage_launch(cfg, 1, out, lo, hi, caps, dlo, dhi, M, ch, nch, first)
+    n = 0
+    for c in range(nst):
+        running = False
+        for i in range(M):
+            k[i] = out[c, i]
+            b[i] = out[c, M + i]
+            r[i] = out[c, 2 * M + i]
+            if r[i] > 0:
+                running = True
+        if running:
+            key = _pack(k, b, r, M, bn, br)
+            ix, ins = _find(tkeys, tvals, key, n)
+            if ins:
+                keys[n] = key
+                n += 1
+    if n == 0:
+        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+    nu = 0
+    ne = 0
+    head = 0
+    while head < n:
+        _unpack(keys[head], k, b, r, M, bn, br)
+        t = np.int64(1) << 62
+        for i in range(M):
+            if r[i] > 0 and r[i] < t:
+                t = r[i]
+        na = 0
+        gs = 0.0
+        for i in range(M):
+            if r[i] > 0 and r[i] == t:
+                done[na] = i
+                clo[na] = offsets[b[i]]
+                chi[na] = offsets[b[i] + 1]
+                idx[na] = clo[na]
+                na += 1
+                gs += b[i] * cbar[i]
+        tau[head] = t
+        g[head] = gs
+        while True:
+            p = 1.0
+            for a in range(na):
+                p *= prob[done[a], idx[a]]
+            if p > 0.0:
+                cnt = _coarse_options(k, b, r, t, done, na, parts, idx, lo, hi, caps, dlo, dhi, M, bn, br,
+                                      ordered, opts, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
+                if cnt == 0:
+                    return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                if ne + cnt > max_entries:
+                    return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                if nu + 1 >= out_prob.shape[0]:
+                    out_prob = _grow(out_prob, nu + 2)
+                if nu + 2 >= opt_ptr.shape[0]:
+                    opt_ptr = _grow(opt_ptr, nu + 3)
+                if ne + cnt > opt_idx.shape[0]:
+                    opt_idx = _grow(opt_idx, ne + cnt)
+                out_prob[nu] = p
+                for c2 in range(cnt):
+                    ix, ins = _find(tkeys, tvals, opts[c2], n)
+                    if ins:
+                        if n >= max_states:
+                            return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                        if n >= keys.shape[0]:
+                            keys = _grow(keys, n + 1)
+                            tau = _grow(tau, n + 1)
+                            g = _grow(g, n + 1)
+                            out_ptr = _grow(out_ptr, keys.shape[0] + 1)
+                        keys[n] = opts[c2]
+                        n += 1
+                        if 2 * n > tkeys.shape[0]:
+                            tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
+                    opt_idx[ne] = ix
+                    ne += 1
+                nu += 1
+                opt_ptr[nu] = ne
+            a = na - 1
+            while a >= 0:
+                idx[a] += 1
+                if idx[a] < chi[a]:
+                    break
+                idx[a] = clo[a]
+                a -= 1
+            if a < 0:
+                break
+        head += 1
+        out_ptr[head] = nu
+    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx

@@ -245,7 +245,8 @@ class BoxResult:
 def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = None, d: np.ndarray | None = None,
               max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
               rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
-              empty: bool = False, max_step: int = 4) -> BoxResult:
+              empty: bool = False, max_step: int = 4, coarse: int = 1, omega: float = 0.7,
+              give_up: bool = False) -> BoxResult:
     """A proven upper bound on ``T(B)`` for every ``B`` with ``lo <= B <= hi`` (componentwise) at N.
 
     The box's decision process lets each idle model ``j`` launch or wait while
@@ -271,13 +272,26 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     P = np.ascontiguousarray(spec.P)
     cbar = (spec.C * P).sum(axis=1)
     bn = max(1, N.bit_length())
-    br = max(1, int(d.max()).bit_length())
+    coarse = int(coarse)
+    d = np.ascontiguousarray(d, dtype=np.int64)
+    if coarse > 1:
+        if empty:
+            raise ValueError("the coarse clock does not model empty batches")
+        dlo, dhi = coarse_durations(d, coarse)
+        if int(dlo[:, 1:].min()) < 1:
+            raise ValueError(f"coarse = {coarse} quanta is longer than the shortest step ({int(d[:, 1:].min())} quanta)")
+        br = max(1, int(dhi.max()).bit_length())
+    else:
+        br = max(1, int(d.max()).bit_length())
     if M * (2 * bn + br) > 62:
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
     offsets, parts, prob = _outcomes(N, M, P)
-    st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
-        N, lo, hi, caps, np.ascontiguousarray(d, dtype=np.int64), cbar, offsets, parts, prob, bn, br,
-        int(max_states), int(max_entries), bool(empty))
+    if coarse > 1:
+        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.coarse_mdp_build(
+            N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries), True)
+    else:
+        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
+            N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries), bool(empty))
     if st != K.OK:
         return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
                          _time.perf_counter() - t0, "too large" if st == K.TOO_LARGE else "deadlock")
@@ -286,7 +300,7 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     # rounding of one certificate term grows with the number of products summed in it
     per_state = opt_ptr[out_ptr[1:n + 1]] - opt_ptr[out_ptr[:n]]
     terms = int(per_state.max()) + 8 if n else 8
-    scale = 1000.0 / spec.delta_ms
+    scale = 1000.0 / (spec.delta_ms * coarse)
     target = None if target_tok_s is None else target_tok_s / scale
     h = np.zeros(n)
     # Relative value iteration of the epoch process with per-step reward g - lam*tau.  With lam fixed at
@@ -296,8 +310,9 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     lo_b, hi_b = -math.inf, math.inf
     sweeps = 0
     step = 4
+    prev_hi = math.inf
     while True:
-        K.mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, step)
+        K.mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, step, float(omega))
         sweeps += step
         a, b, mag = K.mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h)
         err = mag * 4 * terms * np.finfo(np.float64).eps      # rounding in the bracket's sums
@@ -311,9 +326,27 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
             break
         if target is not None and lo_b >= target:      # the box really holds better policies: no prune
             break
+        if target is not None and give_up and sweeps >= 32:
+            # the upper end falls at most geometrically, so a straight line through the last two
+            # checkpoints overestimates progress: stop when even that line misses the target in time
+            drop = (prev_hi - hi_b) / step
+            if drop <= 0.0 or (hi_b - target) / drop > max_sweeps - sweeps:
+                break
+        prev_hi = hi_b
         step = min(2 * step, max_step)
     return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), hi_b * scale, lo_b * scale, int(n),
                      sweeps, _time.perf_counter() - t0, "ok")
+
+
+def coarse_durations(d: np.ndarray, coarse: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots a step of ``d`` quanta can span on a clock of ``coarse``-quanta slots: floor and ceil of d / c.
+
+    A batch launched at time ``t`` ends at ``t + d``; read on the slot clock (slot = floor(t / c)) it
+    spans ``floor((t + d) / c) - floor(t / c)`` slots, which is ``floor(d / c)`` or ``ceil(d / c)``.
+    """
+    d = np.asarray(d, dtype=np.int64)
+    c = int(coarse)
+    return np.ascontiguousarray(d // c), np.ascontiguousarray(-(-d // c))
 
 
 _OUTCOMES: dict = {}

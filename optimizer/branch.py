@@ -19,6 +19,7 @@ the certificate covers the whole feasible set.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Sequence
@@ -73,18 +74,46 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
         cur = top.B
 
 
+def auto_coarse(d, max_inflation: float = 0.015) -> int:
+    """The slot length (quanta) of the coarse-clock bound: the largest ``c`` whose floor rounding makes
+    no step more than ``max_inflation`` faster (``d / (c floor(d / c)) - 1``) and leaves every step at
+    least two slots; 1 (the fine clock) when none does.  Only decides cost and tightness, never validity.
+    """
+    import numpy as np
+
+    steps = np.unique(np.asarray(d, dtype=np.int64)[:, 1:])
+    steps = steps[steps > 0]
+    best = 1
+    for c in range(2, int(steps.min()) // 2 + 1):
+        fl = steps // c
+        if fl.min() >= 2 and float(np.max(steps / (c * fl))) - 1.0 <= max_inflation:
+            best = c
+    return best
+
+
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
-              deadline: float | None, stats: dict) -> None:
+              deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
+              max_sweeps: int = 3000, split: int = 1) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
     at once; a box the bound cannot prune (or too large to build) is split; boxes with at most
-    ``min_box`` unresolved vectors are left to individual evaluation.
+    ``min_box`` unresolved vectors are left to individual evaluation.  With ``coarse > 1`` each box
+    is tried first on the coarse clock (bound 5, cheap), then, if its process has at most
+    ``fine_states`` states, on the fine one (bound 3, tighter).
     """
     from optimizer.bounds import box_bound
 
     M = spec.M
-    todo = [((1,) * M, (N,) * M)]
+    rtg = kw.get("round_to_grid", False)
+    # start from a grid of boxes of side about N / split: the whole set is never prunable (it holds
+    # B*), and a box's cost is its process's build, so trying the few top levels only wastes it
+    side = max(1, -(-N // max(1, int(split))))
+    todo = []
+    for corner in itertools.product(*[range(1, N + 1, side)] * M):
+        if F.is_feasible(corner, N):
+            todo.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
+    todo.reverse()
     while todo:
         if deadline is not None and time.perf_counter() > deadline:
             return
@@ -100,17 +129,28 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
             continue
         holds_best = any(e.throughput_tok_s >= best * (1.0 - TIE_RTOL) and all(a <= b <= c for a, b, c in zip(lo, B, hi))
                          for B, e in by_B.items())
+        hit = None
         r = None
         if not holds_best:
-            stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
-            r = box_bound(spec, N, lo, hi, target_tok_s=best, max_states=max_box_states,
-                          round_to_grid=kw.get("round_to_grid", False))
-            stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
-        if r is not None and r.status == "ok" and r.upper_tok_s < best * (1.0 - TIE_RTOL):
+            levels = list(coarse) + [1] if isinstance(coarse, tuple) else ([coarse, 1] if coarse > 1 else [1])
+            for c in levels:
+                cap = max_box_states if (c > 1 or fine_states is None) else fine_states
+                if c == 1 and r is not None and r.states * 3 > cap:
+                    break      # the fine process has several times the coarse one's states: too large
+                stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
+                r = box_bound(spec, N, lo, hi, target_tok_s=best, max_states=cap, round_to_grid=rtg,
+                              coarse=c, max_sweeps=max_sweeps)
+                stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
+                if r.status == "ok" and r.upper_tok_s < best * (1.0 - TIE_RTOL):
+                    hit = (r, c)
+                    break
+        if hit is not None:
+            r, c = hit
             stats["boxes_pruned"] = stats.get("boxes_pruned", 0) + 1
+            name = f"box{lo}-{hi}" + (f" slot={c}" if c > 1 else "")
             for B in open_:
                 pruned_set.add(B)
-                pruned.append((B, f"box{lo}-{hi}", r.upper_tok_s))
+                pruned.append((B, name, r.upper_tok_s))
             continue
         j = max(range(M), key=lambda i: hi[i] - lo[i])
         if hi[j] == lo[j]:
@@ -128,7 +168,8 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                      eager: bool = True, workers: int = 1, executor=None, progress=None,
                      batch: int | None = None, bounder: Bounder | None = None, boxes: bool = False,
                      min_box: int = 8, max_box_states: int = 400_000, cheap_states: int = 5_000, cheap_factor: int = 8,
-                     stats: dict | None = None,
+                     stats: dict | None = None, coarse: int | None = None, fine_states: int = 30_000,
+                     box_sweeps: int = 200, box_split: int = 4, whole_pass: bool = True,
                      **kw) -> "object":
     """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`."""
     t0 = time.perf_counter()
@@ -220,7 +261,15 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                 progress(min(i, n), n)
 
     if boxes:
-        # cheap chains first, exactly; the large ones are deferred, then pruned a box at a time
+        # 1. whole boxes of the feasible set, each first on the coarse clock (cheap), then on the fine one
+        if coarse is None:
+            # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
+            coarse = tuple(sorted({auto_coarse(bounder.d, 0.04), auto_coarse(bounder.d, 0.015)} - {1}, reverse=True))
+        if best > -math.inf and whole_pass:
+            _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
+                      max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
+                      stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split)
+        # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0
         cap = max(cheap_states, cheap_factor * top_states)

@@ -158,15 +158,41 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     if policy_bound_n and policy_bound_n > 0:
         from optimizer.bounds import PolicyBounds
         policies = PolicyBounds(spec, round_to_grid=kw.get("round_to_grid", False)).compute([policy_bound_n])
+    common = dict(search=search, max_gap=max_gap, time_budget_s=time_budget_s, max_evaluations=max_evaluations,
+                  policies=policies, **kw)
+    if (executor is not None or workers > 1) and len(order) > 1:
+        # one chain of N per worker (every workers-th N, each started near its own previous B*): the
+        # per-N searches are sequential inside, so whole N values are what a pool shares out well
+        from tr_core.parallel import map_tasks
+
+        w = len(order) if executor is not None else min(int(workers), len(order))
+        parts = [(spec, order[i::w], common) for i in range(w)]
+        for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress):
+            for o in res:
+                out[o.N] = o
+        return [out[N] for N in Ns]
     for k, N in enumerate(order):
-        o = optimize_thresholds(spec, N, search=search, max_gap=max_gap, time_budget_s=time_budget_s,
-                                max_evaluations=max_evaluations, start=prev, workers=workers,
-                                executor=executor, policies=policies, **kw)
+        o = optimize_thresholds(spec, N, start=prev, workers=workers, executor=executor, **common)
         prev = o.best_B
         out[N] = o
         if progress:
             progress(k + 1, len(order))
     return [out[N] for N in Ns]
+
+
+def _sweep_chain(payload) -> list[Optimum]:
+    """Worker task of :func:`optimize_sweep`: the given N in increasing order, each started near the
+    previous one's B* scaled to it (which only orders the work)."""
+    spec, Ns, common = payload
+    res: list[Optimum] = []
+    prev = None
+    last = None
+    for N in Ns:
+        start = None if prev is None else tuple(max(1, round(b * N / last)) for b in prev)
+        o = optimize_thresholds(spec, N, start=start, workers=1, **common)
+        prev, last = o.best_B, N
+        res.append(o)
+    return res
 
 
 def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = None, workers: int = 1,

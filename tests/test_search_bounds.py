@@ -144,3 +144,77 @@ def test_policy_bound_is_tight_where_thresholds_are_optimal():
     # the box of one vector is that vector's chain: the bound brackets its throughput tightly
     r = box_bound(spec, 6, (1, 4), (1, 4))
     assert r.upper_tok_s == pytest.approx(evaluate_thresholds(spec, 6, (1, 4)).throughput_tok_s, rel=1e-5)
+
+
+# ---------------------------------------------------------------- the coarse clock (bound 5)
+
+from optimizer.bounds import coarse_durations  # noqa: E402
+from optimizer.branch import auto_coarse  # noqa: E402
+
+
+@st.composite
+def fine_systems(draw, max_m=3):
+    """Random systems whose steps span 2-7 quanta, so a slot of 2 or 3 quanta is a real coarsening."""
+    M = draw(st.integers(2, max_m))
+    rows = []
+    for _ in range(M):
+        w = [draw(st.integers(0, 5)) for _ in range(M)]
+        if sum(w) == 0:
+            w[draw(st.integers(0, M - 1))] = 1
+        rows.append([x / sum(w) for x in w])
+    C = [[draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])) for _ in range(M)] for _ in range(M)]
+    L = [float(draw(st.integers(3, 7))) for _ in range(M)]
+    caps = None
+    if draw(st.booleans()):
+        caps = [draw(st.sampled_from([None, 1, 2, 3])) for _ in range(M)]
+    curves = None
+    if draw(st.booleans()):
+        curves = [None if draw(st.booleans()) else LatencyCurve("affine", intercept_ms=L[i], per_request_ms=1.0)
+                  for i in range(M)]
+    return make_spec(L, rows, C, delta_ms=1.0, latency_curves=curves, max_batch_size=caps)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fine_systems(), st.integers(1, 4), st.sampled_from([2, 3]), st.data())
+def test_coarse_clock_bound_holds_for_every_vector_in_the_box(spec, N, c, data):
+    M = spec.M
+    lo = tuple(data.draw(st.integers(1, N)) for _ in range(M))
+    hi = tuple(data.draw(st.integers(a, N)) for a in lo)
+    r = box_bound(spec, N, lo, hi, coarse=c, max_sweeps=400)
+    inside = {B: v for B, v in _all_throughputs(spec, N).items() if all(a <= b <= c_ for a, b, c_ in zip(lo, B, hi))}
+    if F.is_feasible(lo, N):
+        assert r.status == "ok"
+    if r.status == "ok":
+        for B, v in inside.items():
+            assert v <= r.upper_tok_s * (1 + 1e-9) + 1e-9, (B, v, r)
+
+
+def test_coarse_clock_on_r2r_is_valid_and_close():
+    """R2R (steps of 60 and 279 quanta): slots of 12 and 30 quanta bound every vector of the box, a little
+    above the fine bound, with fewer states; a slot longer than a step is refused."""
+    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    N, lo, hi = 6, (1, 1), (6, 6)
+    best = max(v for B, v in _all_throughputs(spec, N).items())
+    fine = box_bound(spec, N, lo, hi)
+    c12 = box_bound(spec, N, lo, hi, coarse=12)
+    c30 = box_bound(spec, N, lo, hi, coarse=30)
+    assert best <= fine.upper_tok_s * (1 + 1e-9)
+    # every fine policy is a policy of the coarse process, so its optimum is at least the fine one
+    assert fine.upper_tok_s <= c12.upper_tok_s * (1 + 1e-6) and fine.upper_tok_s <= c30.upper_tok_s * (1 + 1e-6)
+    assert c30.upper_tok_s <= best * 1.06
+    assert c12.states * 2 < fine.states and c30.states < c12.states
+    with pytest.raises(ValueError, match="longer than the shortest step"):
+        box_bound(spec, N, lo, hi, coarse=61)
+
+
+def test_coarse_durations_and_auto_slot():
+    d = np.array([[0, 60, 60], [0, 279, 279]])
+    lo, hi = coarse_durations(d, 12)
+    assert lo[:, 1].tolist() == [5, 23] and hi[:, 1].tolist() == [5, 24]
+    # every start phase t in [0, c) gives floor((t + d) / c) - floor(t / c) in {floor(d / c), ceil(d / c)}
+    for c in (7, 12, 30):
+        for t in range(c):
+            span = (t + 279) // c - t // c
+            assert 279 // c <= span <= -(-279 // c)
+    assert auto_coarse(d, 0.015) == 12 and auto_coarse(d, 0.04) == 30
+    assert auto_coarse(np.array([[0, 1], [0, 3]]), 0.015) == 1

@@ -143,7 +143,7 @@ def test_box_pruning_keeps_the_exact_answer(spec, N):
     table = {e.B: e.throughput_tok_s for e in ex.evaluations}
     stats = {}
     o = branch_and_bound(spec, N, bounder=Bounder(spec, N), boxes=True, cheap_states=30, cheap_factor=0,
-                         min_box=2,
+                         min_box=2, whole_pass=False,
                          start=(1,) * spec.M, stats=stats)
     _same(ex, o)
     assert o.certificate == "pruned-exact"
@@ -151,3 +151,30 @@ def test_box_pruning_keeps_the_exact_answer(spec, N):
     assert stats["deferred"] > 0 and stats.get("boxes_tried", 0) > 0
     for B, name, value in o.pruned_vectors:
         assert table[B] <= value * (1 + 1e-9) and value < o.throughput_tok_s
+
+
+@pytest.mark.parametrize("N", [10, 13])
+def test_whole_set_box_pass_on_the_coarse_clock_keeps_the_exact_answer(N):
+    """R2R on its 0.1 ms grid: the first box pass prunes on the coarse clocks (slot = 30 and 12 quanta)."""
+    ex = optimize_thresholds(R2R, N)
+    table = {e.B: e.throughput_tok_s for e in ex.evaluations}
+    stats = {}
+    o = branch_and_bound(R2R, N, bounder=Bounder(R2R, N), boxes=True, start=(1, 1), eager=False, min_box=2,
+                         stats=stats)
+    _same(ex, o)
+    assert o.certificate == "pruned-exact" and o.evaluated + o.pruned == len(table)
+    assert any("slot=" in name for name in o.pruned_by), o.pruned_by
+    assert o.evaluated < len(table) / 2
+    for B, name, value in o.pruned_vectors:
+        assert table[B] <= value * (1 + 1e-9) and value < o.throughput_tok_s
+
+
+def test_parallel_sweep_equals_the_serial_one():
+    """Whole N values per worker: the same B*(N) whatever the pool."""
+    Ns = [2, 3, 5, 6, 9]
+    serial = optimize_sweep(R2R, Ns, search="pruned", eager=False)
+    pooled = optimize_sweep(R2R, Ns, search="pruned", eager=False, workers=2)
+    assert [o.N for o in pooled] == Ns
+    for a, b in zip(serial, pooled):
+        _same(a, b)
+        assert b.certificate == "pruned-exact"

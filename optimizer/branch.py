@@ -93,12 +93,13 @@ def auto_coarse(d, max_inflation: float = 0.015) -> int:
 
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
-              max_sweeps: int = 3000, split: int = 1) -> None:
+              max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
     at once; a box the bound cannot prune (or too large to build) is split; boxes with at most
-    ``min_box`` unresolved vectors are left to individual evaluation.  With ``coarse > 1`` each box
+    ``min_box`` unresolved vectors are left to individual evaluation; with ``max_gap > 0`` (certified
+    search) a box whose bound is within ``max_gap`` of ``best`` is pruned too.  With ``coarse > 1`` each box
     is tried first on the coarse clock (bound 5, cheap), then, if its process has at most
     ``fine_states`` states, on the fine one (bound 3, tighter).
     """
@@ -138,10 +139,12 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                 if c == 1 and r is not None and r.states * 3 > cap:
                     break      # the fine process has several times the coarse one's states: too large
                 stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
-                r = box_bound(spec, N, lo, hi, target_tok_s=best, max_states=cap, round_to_grid=rtg,
+                target = best / (1.0 - max_gap) if max_gap > 0 else best
+                r = box_bound(spec, N, lo, hi, target_tok_s=target, max_states=cap, round_to_grid=rtg,
                               coarse=c, max_sweeps=max_sweeps)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
-                if r.status == "ok" and r.upper_tok_s < best * (1.0 - TIE_RTOL):
+                if r.status == "ok" and (r.upper_tok_s < best * (1.0 - TIE_RTOL)
+                                         or (max_gap > 0 and r.upper_tok_s <= best / (1.0 - max_gap))):
                     hit = (r, c)
                     break
         if hit is not None:
@@ -169,7 +172,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                      batch: int | None = None, bounder: Bounder | None = None, boxes: bool = False,
                      min_box: int = 8, max_box_states: int = 400_000, cheap_states: int = 5_000, cheap_factor: int = 8,
                      stats: dict | None = None, coarse: int | None = None, fine_states: int = 30_000,
-                     box_sweeps: int = 200, box_split: int = 4, whole_pass: bool = True,
+                     box_sweeps: int = 200, box_split: int | None = None, whole_pass: bool = True,
                      **kw) -> "object":
     """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`."""
     t0 = time.perf_counter()
@@ -262,13 +265,16 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
 
     if boxes:
         # 1. whole boxes of the feasible set, each first on the coarse clock (cheap), then on the fine one
+        if box_split is None:
+            box_split = 4 if M <= 2 else 2      # a first grid of boxes with a few dozen vectors each
         if coarse is None:
             # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
             coarse = tuple(sorted({auto_coarse(bounder.d, 0.04), auto_coarse(bounder.d, 0.015)} - {1}, reverse=True))
         if best > -math.inf and whole_pass:
             _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
-                      stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split)
+                      stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split,
+                      max_gap=max_gap)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0

@@ -136,6 +136,12 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
             levels = list(coarse) + [1] if isinstance(coarse, tuple) else ([coarse, 1] if coarse > 1 else [1])
             for c in levels:
                 cap = max_box_states if (c > 1 or fine_states is None) else fine_states
+                if deadline is not None:
+                    # a build costs about 30 us a state: never start one that cannot end in time
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        return
+                    cap = min(cap, max(2_000, int(30_000 * left)))
                 if c == 1 and r is not None and r.states * 3 > cap:
                     break      # the fine process has several times the coarse one's states: too large
                 stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1

@@ -66,6 +66,7 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping
 
+from tr_core.cli import is_interrupt
 from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
@@ -446,6 +447,9 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
                 raise
             break
         except Exception as e:  # noqa: BLE001 - keep the rows already computed, then report
+            if is_interrupt(e):
+                # Ctrl-C inside a compiled kernel arrives as numba's SystemError: still an interrupt
+                raise KeyboardInterrupt from e
             stopped, resumable, failure = f"N = {n} failed: {_first_line(e)}", False, e
             break
         entries.append(row)

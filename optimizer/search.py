@@ -29,8 +29,10 @@ Search modes (``search=``), each result saying how it was obtained
     ``upper_bound_tok_s`` is still a proven bound, so its gap is honest
     (certificate ``"local"``).
 ``auto``
-    ``exhaustive`` while the feasible set is small, otherwise ``certified``
-    with ``max_gap`` (``"pruned-exact"`` when the bounds close the gap).
+    ``exhaustive`` while the feasible set is small (210 vectors), ``pruned``
+    for two models up to 2,080 vectors (N = 64), otherwise ``certified`` with
+    ``max_gap`` (``"pruned-exact"`` when the bounds close the gap); a time
+    budget always means ``certified``.
 
 Every search refuses, before any enumeration, to evaluate more than
 ``max_evaluations`` vectors (counted in closed form), with
@@ -54,6 +56,9 @@ SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
 CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
 # ``auto`` searches exhaustively up to this many vectors (about N = 20 for two models)
 AUTO_EXHAUSTIVE_MAX = 210
+# ... and, for two models, exactly with pruning up to this many (N = 64: 11 s at most per N on one core,
+# benchmarks/RESULTS.md "search", round 2); certified above
+AUTO_PRUNED_MAX = 2080
 
 
 def feasible_thresholds(M: int, N: int, max_count: int | None = None) -> list[tuple[int, ...]]:
@@ -89,7 +94,12 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
         raise SpecError(f"max_gap must be in [0, 1), got {max_gap!r}")
     total = (F.count_feasible(N, spec.M) if candidates is None else len(candidates))
     if search == "auto":
-        search = "exhaustive" if total <= AUTO_EXHAUSTIVE_MAX and time_budget_s is None else "certified"
+        if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
+            search = "exhaustive"
+        elif time_budget_s is None and spec.M == 2 and total <= AUTO_PRUNED_MAX:
+            search = "pruned"
+        else:
+            search = "certified"
     if search == "local":
         return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress,
                               policies=policies, **kw)

@@ -42,6 +42,12 @@ def _interrupt(proc):
     return proc.returncode, out, err
 
 
+def _sigint_default():
+    # a suite started as a background job (``cmd &`` in a script) inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler in the child: give the child the terminal's default
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _temp_files(folder):
     return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f.endswith(".tmp")]
 
@@ -51,7 +57,7 @@ def test_tr_optimize_one_worker(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(tool("tr-optimize") + ["--p", "0.35", "--L", "6", "27.9", "--N", "60", "--workers", "1",
                                                    "--cache-dir", str(cache), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     _wait_for(lambda: cache.exists() and any(f.endswith(".json") for _, _, fs in os.walk(cache) for f in fs), proc)
     time.sleep(0.5)                                   # deeper into the sweep
     code, stdout, err = _interrupt(proc)
@@ -67,7 +73,7 @@ def test_tr_autotune_run(tmp_path):
     th = tmp_path / "th.json"
     proc = subprocess.Popen([sys.executable, "-m", "tr_model.autotune_cli", "run", "--p", "0.35", "--L", "6", "27.9",
                              "--N", "60", "--thresholds", str(th)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     _wait_for(th.exists, proc)
     time.sleep(0.5)
     code, stdout, err = _interrupt(proc)

@@ -13,7 +13,7 @@ from tr_core.spec import LatencyCurve, make_spec, preset
 
 
 @st.composite
-def systems(draw, max_m=3):
+def systems(draw, max_m=3, min_ms=1, max_ms=4):
     """Small random systems on a 1 ms grid: positive routing rows, random tokens, optional caps and curves."""
     M = draw(st.integers(2, max_m))
     rows = []
@@ -23,7 +23,7 @@ def systems(draw, max_m=3):
             w[draw(st.integers(0, M - 1))] = 1
         rows.append([x / sum(w) for x in w])
     C = [[draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])) for _ in range(M)] for _ in range(M)]
-    L = [float(draw(st.integers(1, 4))) for _ in range(M)]
+    L = [float(draw(st.integers(min_ms, max_ms))) for _ in range(M)]
     caps = None
     if draw(st.booleans()):
         caps = [draw(st.sampled_from([None, 1, 2, 3])) for _ in range(M)]
@@ -152,26 +152,9 @@ from optimizer.bounds import coarse_durations  # noqa: E402
 from optimizer.branch import auto_coarse  # noqa: E402
 
 
-@st.composite
-def fine_systems(draw, max_m=3):
-    """Random systems whose steps span 2-7 quanta, so a slot of 2 or 3 quanta is a real coarsening."""
-    M = draw(st.integers(2, max_m))
-    rows = []
-    for _ in range(M):
-        w = [draw(st.integers(0, 5)) for _ in range(M)]
-        if sum(w) == 0:
-            w[draw(st.integers(0, M - 1))] = 1
-        rows.append([x / sum(w) for x in w])
-    C = [[draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])) for _ in range(M)] for _ in range(M)]
-    L = [float(draw(st.integers(3, 7))) for _ in range(M)]
-    caps = None
-    if draw(st.booleans()):
-        caps = [draw(st.sampled_from([None, 1, 2, 3])) for _ in range(M)]
-    curves = None
-    if draw(st.booleans()):
-        curves = [None if draw(st.booleans()) else LatencyCurve("affine", intercept_ms=L[i], per_request_ms=1.0)
-                  for i in range(M)]
-    return make_spec(L, rows, C, delta_ms=1.0, latency_curves=curves, max_batch_size=caps)
+def fine_systems(max_m=3):
+    """Random systems whose steps span 3-7 quanta, so a slot of 2 or 3 quanta is a real coarsening."""
+    return systems(max_m=max_m, min_ms=3, max_ms=7)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

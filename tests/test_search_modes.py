@@ -178,3 +178,13 @@ def test_parallel_sweep_equals_the_serial_one():
     for a, b in zip(serial, pooled):
         _same(a, b)
         assert b.certificate == "pruned-exact"
+
+
+def test_auto_is_exact_with_pruning_between_the_exhaustive_and_certified_ranges():
+    """auto: exhaustive to 210 vectors, the pruned search for two models to 2,080, certified with a budget."""
+    assert optimize_thresholds(R2R, 20, search="auto").certificate == "exhaustive"      # 210 vectors
+    o = optimize_thresholds(R2R, 21, search="auto", eager=False)                       # 231 vectors
+    assert o.certificate == "pruned-exact" and o.evaluated + o.pruned == F.count_feasible(21, 2)
+    b = optimize_thresholds(R2R, 21, search="auto", eager=False, time_budget_s=60.0)
+    assert b.certificate in ("certified", "pruned-exact") and b.gap <= 0.005
+    assert b.throughput_tok_s >= o.throughput_tok_s * (1 - 0.005)

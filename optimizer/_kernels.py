@@ -723,3 +723,76 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
         head += 1
         out_ptr[head] = nu
     return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+
+
+# --------------------------------------------------------------------------------------------------
+# Mean-field guide (optimizer.mean_field): the chain with every multinomial split replaced by its mean.
+# Masses are real numbers of requests, time stays on the integer quantum grid, so simultaneous
+# completions are exact ties, as in the chain.
+
+@njit(cache=True)
+def mean_field_run(N, B, caps, d, cbar, P, warm_events, events, tol):
+    """Run the mean-field dynamics of thresholds ``B``; returns ``(status, tokens, quanta, tokens_2, quanta_2)``.
+
+    ``tokens/quanta`` is the time average over ``events`` completion epochs after ``warm_events``;
+    ``tokens_2/quanta_2`` the same over the second half only (their difference measures convergence).
+    A model launches when idle and its queue exceeds ``B_j - 1 + tol`` (the chain's ``k_j >= B_j`` for
+    integer ``k``); it takes ``min(queue, cap_j)``, for ``d[j, round(take)]`` quanta.  status: 0 ok,
+    2 deadlock (no model running and none can launch).
+    """
+    M = B.shape[0]
+    q = np.zeros(M)
+    x = np.zeros(M)
+    end = np.zeros(M, dtype=np.int64)
+    busy = np.zeros(M, dtype=np.bool_)
+    arr = np.zeros(M)
+    q[0] = float(N)
+    now = np.int64(0)
+    t0 = np.int64(0)
+    th = np.int64(0)
+    tok = 0.0
+    tok_h = 0.0
+    half = warm_events + events // 2
+    for e in range(warm_events + events + 1):
+        # launch rule, every idle model in one pass
+        for j in range(M):
+            if not busy[j] and q[j] > B[j] - 1 + tol:
+                take = q[j] if q[j] < caps[j] else float(caps[j])
+                bi = int(take + 0.5)
+                if bi < 1:
+                    bi = 1
+                if bi > caps[j]:
+                    bi = caps[j]
+                x[j] = take
+                q[j] -= take
+                busy[j] = True
+                end[j] = now + d[j, bi]
+        if e == warm_events:
+            t0 = now
+            tok = 0.0
+        if e == half:
+            th = now
+            tok_h = 0.0
+        if e == warm_events + events:
+            break
+        t = np.int64(1) << 62
+        for i in range(M):
+            if busy[i] and end[i] < t:
+                t = end[i]
+        if t == np.int64(1) << 62:
+            return 2, 0.0, 0.0, 0.0, 0.0
+        now = t
+        for j in range(M):
+            arr[j] = 0.0
+        for i in range(M):
+            if busy[i] and end[i] == t:
+                gain = x[i] * cbar[i]
+                tok += gain
+                tok_h += gain
+                for j in range(M):
+                    arr[j] += x[i] * P[i, j]
+                busy[i] = False
+                x[i] = 0.0
+        for j in range(M):
+            q[j] += arr[j]
+    return 0, tok, float(now - t0), tok_h, float(now - th)

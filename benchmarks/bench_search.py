@@ -7,6 +7,8 @@ Usage (from the repository root, in the project's virtual environment)::
     python benchmarks/bench_search.py bound --N 8 16 32       # all-policy bound vs exact B* (R2R)
     python benchmarks/bench_search.py certified --N 65-256 --budget 1.0 --bound-n 32
     python benchmarks/bench_search.py me --N 1-8 --workers 2   # ME (M = 3): exhaustive vs pruned
+    python benchmarks/bench_search.py mean-field --N 8-64:8 80-256:32 --exact-max 64 --budget 20
+                                                             # the mean-field guide vs the chain (R2R)
 
 Each row: N, B* of each method, throughput, chains evaluated / pruned / left unresolved, seconds,
 and for certified rows the proven upper bound and the gap.  ``--json FILE`` also writes the rows.
@@ -113,6 +115,38 @@ def certified(spec, Ns, budget: float, bound_n: int, workers: int) -> list[dict]
     return rows
 
 
+def mean_field(spec, Ns, exact_max: int, budget: float, bound_n: int) -> list[dict]:
+    """The mean-field guide next to the chain: its B and value, the exact throughput of its B, and the
+    reference B* (exact pruned search for N <= ``exact_max``, else a certified search with ``budget``)."""
+    from optimizer.evaluate import evaluate_thresholds
+    from optimizer.mean_field import mean_field_thresholds
+
+    pol = PolicyBounds(spec).compute([bound_n]) if max(Ns) > exact_max else None
+    rows = []
+    prev = None
+    for N in Ns:
+        t1 = time.perf_counter()
+        g = mean_field_thresholds(spec, N)
+        tg = time.perf_counter() - t1
+        at = evaluate_thresholds(spec, N, g.B)
+        t2 = time.perf_counter()
+        if N <= exact_max:
+            ref = optimize_thresholds(spec, N, search="pruned", eager=False, start=prev)
+        else:
+            ref = optimize_thresholds(spec, N, search="certified", eager=False, start=g.B, policies=pol,
+                                      time_budget_s=budget)
+        prev = ref.best_B
+        top = ref.throughput_tok_s
+        row = {"N": N, "B_mf": list(g.B), "mf_tok_s": g.throughput_tok_s, "mf_drift": g.drift,
+               "guide_s": tg, "chain_at_B_mf_tok_s": at.throughput_tok_s,
+               "B_ref": list(ref.best_B), "ref_tok_s": top, "ref": ref.certificate, "ref_gap": ref.gap,
+               "mf_error_pct": 100.0 * (g.throughput_tok_s - top) / top,
+               "regret_pct": 100.0 * (top - at.throughput_tok_s) / top, "ref_s": time.perf_counter() - t2}
+        rows.append(row)
+        _echo(row)
+    return rows
+
+
 def _echo(row: dict) -> None:
     print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}),
           file=sys.stderr, flush=True)
@@ -120,12 +154,14 @@ def _echo(row: dict) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("exact", "bound", "certified", "me"))
+    p.add_argument("what", choices=("exact", "bound", "certified", "me", "mean-field"))
     p.add_argument("--N", nargs="+", default=["1-16"])
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--exhaustive-max", type=int, default=40, help="run the exhaustive search up to this N")
     p.add_argument("--budget", type=float, default=1.0, help="certified: seconds per N")
     p.add_argument("--bound-n", type=int, default=32, help="certified: N of the all-policy bound")
+    p.add_argument("--exact-max", type=int, default=64, help="mean-field: exact reference up to this N")
+    p.add_argument("--preset", choices=("r2r", "me"), default="r2r", help="mean-field: the system")
     p.add_argument("--json", help="also write the rows to this file")
     a = p.parse_args(argv)
     Ns = _ns(a.N)
@@ -133,6 +169,8 @@ def main(argv=None) -> int:
         rows = exact(R2R, Ns, a.workers, a.exhaustive_max)
     elif a.what == "me":
         rows = exact(ME, Ns, a.workers, a.exhaustive_max)
+    elif a.what == "mean-field":
+        rows = mean_field(R2R if a.preset == "r2r" else ME, Ns, a.exact_max, a.budget, a.bound_n)
     elif a.what == "bound":
         rows = bound(R2R, Ns)
     else:

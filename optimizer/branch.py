@@ -41,6 +41,16 @@ def _default_start(N: int, M: int) -> tuple[int, ...]:
     return (1 + x,) * M
 
 
+def _guided_start(spec: SystemSpec, N: int, kw) -> tuple[int, ...]:
+    """The mean-field model's best vector (:mod:`optimizer.mean_field`); it only orders the work."""
+    from optimizer.mean_field import mean_field_thresholds
+
+    try:
+        return mean_field_thresholds(spec, N, round_to_grid=kw.get("round_to_grid", False)).B
+    except SpecError:
+        return _default_start(N, M=spec.M)
+
+
 def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budget, limit) -> tuple[int, ...]:
     """Steepest ascent over +-1 neighbours from ``cur``; appends to ``evals``/``seen``; returns the top."""
     M = spec.M
@@ -194,9 +204,9 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             raise SpecError("candidates: no threshold vector given")
     if bounder is None:
         bounder = Bounder(spec, N, round_to_grid=kw.get("round_to_grid", False))
-    st = tuple(int(b) for b in start) if start is not None else _default_start(N, M)
+    st = tuple(int(b) for b in start) if start is not None else _guided_start(spec, N, kw)
     if len(st) != M or not F.is_feasible(st, N):
-        st = _default_start(N, M)
+        st = _guided_start(spec, N, kw)
     batch = batch or max(1, int(workers)) * 2
 
     evals: list[Evaluation] = []

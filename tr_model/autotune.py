@@ -230,13 +230,47 @@ def _entry(opt: Any, search: str) -> dict:
     return row
 
 
-def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None):
+# all-policy bound (optimizer.bounds.PolicyBounds) solved once per table at this concurrency and scaled to
+# the certified rows: their gap is then 1.3-1.7 % on R2R instead of the no-wait bound's 20-30 % when a
+# row's box pass does not finish (benchmarks/RESULTS.md "search"); about 12 s for two models
+POLICY_BOUND_N = {2: 24, 3: 6}
+
+
+def _may_certify(spec: SystemSpec, n: int, opts: Mapping[str, Any]) -> bool:
+    """Whether the row at ``n`` may come out certified (its search is not exact for sure)."""
+    from optimizer import search as S
+    from tr_core import feasibility as F
+
+    mode = opts["search"]
+    if mode in ("certified", "local"):
+        return True
+    if mode != "auto":
+        return False
+    if opts.get("time_budget_per_n_s") is not None:
+        return True
+    limit = getattr(S, "AUTO_PRUNED_MAX", 0) if spec.M == 2 else getattr(S, "AUTO_EXHAUSTIVE_MAX", 0)
+    return F.count_feasible(n, spec.M) > limit
+
+
+def _policy_bounds(spec: SystemSpec, max_concurrency: int, opts: Mapping[str, Any]):
+    """The all-policy bound table for the certified rows (None when it cannot be solved in its caps);
+    it bounds the rows from its own concurrency up (scaled per request)."""
+    from optimizer.bounds import PolicyBounds
+
+    n0 = min(int(max_concurrency), POLICY_BOUND_N.get(spec.M, 4))
+    pol = PolicyBounds(spec, round_to_grid=bool(opts.get("round_to_grid"))).compute([n0], max_states=400_000)
+    return pol if pol.values else None
+
+
+def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None, policies=None):
     """B* at one N with the configured search (the certified search when the optimizer has it)."""
     from optimizer import search as S
     kw = {k: opts[k] for k in ("solver", "tol", "max_states", "round_to_grid")}
     params = inspect.signature(S.optimize_thresholds).parameters
     if "search" in params:
         kw["search"] = opts["search"]
+        if policies is not None and "policies" in params:
+            kw["policies"] = policies
         for key in ("max_gap", "max_evaluations"):
             if key in params and opts.get(key) is not None:
                 kw[key] = opts[key]
@@ -436,10 +470,14 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
         if worker_lock is not None and not _owns_lock(worker_lock, worker_token):
             raise SpecError(f"worker lock {worker_lock!r} was taken over; stopping")
 
+    policies: list = []      # solved at the first row that may be certified, then shared by the rest
     while len(entries) < max_concurrency:
         n = len(entries) + 1
         try:
-            opt = _optimize(spec, n, opts, start=entries[-1]["thresholds"] if entries else None)
+            if not policies and _may_certify(spec, n, opts):
+                policies.append(_policy_bounds(spec, max_concurrency, opts))
+            opt = _optimize(spec, n, opts, start=entries[-1]["thresholds"] if entries else None,
+                            policies=policies[0] if policies else None)
             row = _entry(opt, opts["search"])
         except StateSpaceTooLarge as e:
             stopped, resumable = f"N = {n}: {_first_line(e)}", False

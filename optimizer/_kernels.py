@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit
 
 EMPTY = -1
+NO_LAUNCH = 1 << 30      # lmin of a model that never launched (above any queue; fits the int32 bounds)
 OK = 0
 TOO_LARGE = 1
 DEADLOCK = 2
@@ -424,10 +425,14 @@ def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
 
 @njit(cache=True)
 def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
-    """Expand configurations ``cfg[:ncfg]`` (rows k | b | r) by every allowed launch decision into ``out``.
+    """Expand configurations ``cfg[:ncfg]`` (rows k | b | r | wmax | lmin) by every allowed launch decision
+    into ``out``.
 
     Per idle model j: wait (when ``k_j < hi_j``), or launch all waiting (when ``k_j >= max(lo_j, 1)``,
-    forced at ``k_j >= hi_j``) for ``dlo`` or ``dhi`` slots.  Returns the row count written.
+    forced at ``k_j >= hi_j``) for ``dlo`` or ``dhi`` slots.  ``wmax_j``/``lmin_j`` keep the largest
+    queue at which j chose to wait and the smallest at which it launched, so that a sub-box
+    ``[lo', hi']`` allows the row's decisions exactly when ``wmax < hi'`` and ``lmin >= lo'``
+    (:func:`mdp_restrict`).  Returns the row count written.
     """
     nout = 0
     for c in range(ncfg):
@@ -447,16 +452,20 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
                     nch[j] = 3 if two else 2
             ch[j] = 0
         while True:
-            for x in range(3 * M):
+            for x in range(5 * M):
                 out[nout, x] = cfg[c, x]
             for j in range(M):
                 a = first[j] + ch[j]
+                k = cfg[c, j]
                 if a > 0:
-                    k = cfg[c, j]
                     take = k if k < caps[j] else caps[j]
                     out[nout, j] = k - take
                     out[nout, M + j] = take
                     out[nout, 2 * M + j] = dlo[j, take] if a == 1 else dhi[j, take]
+                    if k < out[nout, 4 * M + j]:
+                        out[nout, 4 * M + j] = k
+                elif nch[j] > 1 and k > out[nout, 3 * M + j]:
+                    out[nout, 3 * M + j] = k          # chose to wait at k
             nout += 1
             j = 0
             while j < M:
@@ -470,14 +479,30 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
     return nout
 
 
+@njit(cache=True, inline="always")
+def _order(okey, ow, ol, a, key, b, M):
+    """Sign of (okey, ow[a], ol[a]) - (key, ow[b], ol[b]) in lexicographic order."""
+    if okey != key:
+        return 1 if okey > key else -1
+    for j in range(M):
+        if ow[a, j] != ow[b, j]:
+            return 1 if ow[a, j] > ow[b, j] else -1
+    for j in range(M):
+        if ol[a, j] != ol[b, j]:
+            return 1 if ol[a, j] > ol[b, j] else -1
+    return 0
+
+
 # inlined (here and in _coarse_options): called once per routing outcome, where a call with this many
 # array arguments cost more than its body (pruned search at N = 64: 11.4 -> 9.7 s, median of alternating runs)
 @njit(cache=True, inline="always")
-def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch, first, kk, bb, rr):
+def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, ch, nch, first, kk, bb, rr):
     """The last stage of :func:`_stage_launch` for row ``c`` of ``cfg``, straight to packed keys.
 
-    Inserts each key of a configuration with a running model into the sorted, unique ``opts[:nopt]``;
-    returns the new count.
+    Inserts each key of a configuration with a running model, with its decision bounds (``ow``/``ol``
+    rows: wmax/lmin), into ``opts[:nopt]``, sorted by (key, bounds), identical entries once; returns the
+    new count.  One key may appear with different bounds (different decisions reach it): a sub-box
+    keeps the key when it allows any of them.
     """
     for j in range(M):
         k = cfg[c, j]
@@ -499,26 +524,47 @@ def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch,
         for j in range(M):
             a = first[j] + ch[j]
             k = cfg[c, j]
+            ow[nopt, j] = cfg[c, 3 * M + j]
+            ol[nopt, j] = cfg[c, 4 * M + j]
             if a > 0:
                 take = k if k < caps[j] else caps[j]
                 kk[j] = k - take
                 bb[j] = take
                 rr[j] = dlo[j, take] if a == 1 else dhi[j, take]
+                if k < ol[nopt, j]:
+                    ol[nopt, j] = k
             else:
                 kk[j] = k
                 bb[j] = cfg[c, M + j]
                 rr[j] = cfg[c, 2 * M + j]
+                if nch[j] > 1 and k > ow[nopt, j]:
+                    ow[nopt, j] = k
             if rr[j] > 0:
                 running = True
         if running:
+            # the candidate sits in row nopt of ow/ol; find its place among rows 0..nopt-1
             key = _pack(kk, bb, rr, M, bn, br)
             q = nopt
-            while q > 0 and opts[q - 1] > key:
+            same = False
+            while q > 0:
+                o = _order(opts[q - 1], ow, ol, q - 1, key, nopt, M)
+                if o <= 0:
+                    same = o == 0
+                    break
                 q -= 1
-            if not (q > 0 and opts[q - 1] == key):
+            if not same:
+                for j in range(M):
+                    kk[j] = ow[nopt, j]
+                    bb[j] = ol[nopt, j]
                 for x in range(nopt, q, -1):
                     opts[x] = opts[x - 1]
+                    for j in range(M):
+                        ow[x, j] = ow[x - 1, j]
+                        ol[x, j] = ol[x - 1, j]
                 opts[q] = key
+                for j in range(M):
+                    ow[q, j] = kk[j]
+                    ol[q, j] = bb[j]
                 nopt += 1
         j = 0
         while j < M:
@@ -533,14 +579,15 @@ def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch,
 
 
 @njit(cache=True, inline="always")
-def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M, bn, br, ordered, opts,
+def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M, bn, br, ordered, opts, ow, ol,
                     cfg, nxt, stage, kk, bb, rr, ch, nch, first):
     """Post-launch keys of one joint routing outcome (``cidx[a]`` = composition of completing ``done[a]``).
 
     With ``ordered``, every ordered partition of the completing models is a possible order of their
     completions (stage by stage, launch rule after each); without it they complete together.
-    Writes the keys, sorted and unique, to ``opts`` and returns their count.  ``cfg``/``nxt`` hold
-    at least ``3**(M*M)`` rows (every launch choice at every stage); the rest is scratch.
+    Writes the keys with their decision bounds (see :func:`_launch_keys`) to ``opts``/``ow``/``ol`` and
+    returns their count.  ``cfg``/``nxt`` hold at least ``3**(M*M)`` rows (every launch choice at every
+    stage) of ``5 M`` columns; the rest is scratch.
     """
     nopt = 0
     for a in range(na):
@@ -565,6 +612,8 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M
             for i in range(M):
                 cfg[0, i] = k[i]
                 cfg[0, M + i] = b[i]
+                cfg[0, 3 * M + i] = -1
+                cfg[0, 4 * M + i] = NO_LAUNCH
                 if r[i] > 0 and r[i] != t:
                     cfg[0, 2 * M + i] = r[i] - t
                 else:
@@ -581,8 +630,8 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M
                                 cfg[c, j] += parts[cidx[a], j]
                 if s_ == S - 1:
                     for c in range(ncfg):
-                        nopt = _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, nopt, ch, nch, first,
-                                            kk, bb, rr)
+                        nopt = _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, ch, nch,
+                                            first, kk, bb, rr)
                 else:
                     ncfg = _stage_launch(cfg, ncfg, nxt, lo, hi, caps, dlo, dhi, M, ch, nch, first)
                     cfg, nxt = nxt, cfg
@@ -601,8 +650,13 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M
 @njit(cache=True)
 def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
                      ordered):
-    """Enumerate the coarse-clock decision process of the box ``lo <= B <= hi`` (same outputs as
-    :func:`mdp_build`: status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)."""
+    """Enumerate the coarse-clock decision process of the box ``lo <= B <= hi``.
+
+    Returns the outputs of :func:`mdp_build` (status, n, keys, tau, g, out_ptr, out_prob, opt_ptr,
+    opt_idx), then what :func:`mdp_restrict` needs to cut a sub-box's process out of this one: the
+    decision bounds of every option (``opt_w``/``opt_l``, ``M`` per entry, flat) and the initial
+    states with theirs (``ninit``, ``init_idx``, ``init_w``, ``init_l``).
+    """
     M = lo.shape[0]
     cap = 1024
     keys = np.empty(cap, dtype=np.int64)
@@ -612,6 +666,9 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
     out_prob = np.empty(cap * 4, dtype=np.float64)
     opt_ptr = np.zeros(cap * 4 + 1, dtype=np.int64)
     opt_idx = np.empty(cap * 8, dtype=np.int64)
+    # decision bounds are queue sizes: int32 halves what a kept process holds
+    opt_w = np.empty(cap * 8 * M, dtype=np.int32)
+    opt_l = np.empty(cap * 8 * M, dtype=np.int32)
     tcap = 4096
     tkeys = np.full(tcap, EMPTY, dtype=np.int64)
     tvals = np.empty(tcap, dtype=np.int64)
@@ -626,8 +683,10 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
     for _ in range(M * M):
         rows *= 3
     opts = np.empty(rows + 1, dtype=np.int64)
-    cfg = np.zeros((rows, 3 * M), dtype=np.int64)
-    nxt = np.zeros((rows, 3 * M), dtype=np.int64)
+    ow = np.empty((rows + 1, M), dtype=np.int64)
+    ol = np.empty((rows + 1, M), dtype=np.int64)
+    cfg = np.zeros((rows, 5 * M), dtype=np.int64)
+    nxt = np.zeros((rows, 5 * M), dtype=np.int64)
     stage = np.zeros(M, dtype=np.int64)
     kk = np.zeros(M, dtype=np.int64)
     bb = np.zeros(M, dtype=np.int64)
@@ -637,8 +696,15 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
     first = np.zeros(M, dtype=np.int64)
     # initial configuration: all N wait at model 0, launch rule once (no completions: one stage)
     cfg[0, 0] = N
+    for i in range(M):
+        cfg[0, 3 * M + i] = -1
+        cfg[0, 4 * M + i] = NO_LAUNCH
     out = nxt
     nst = _stage_launch(cfg, 1, out, lo, hi, caps, dlo, dhi, M, ch, nch, first)
+    init_idx = np.empty(nst, dtype=np.int64)
+    init_w = np.empty(nst * M, dtype=np.int64)
+    init_l = np.empty(nst * M, dtype=np.int64)
+    ninit = 0
     n = 0
     for c in range(nst):
         running = False
@@ -654,11 +720,18 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
             if ins:
                 keys[n] = key
                 n += 1
+            init_idx[ninit] = ix
+            for i in range(M):
+                init_w[ninit * M + i] = out[c, 3 * M + i]
+                init_l[ninit * M + i] = out[c, 4 * M + i]
+            ninit += 1
     if n == 0:
-        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+        return (DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx,
+                init_w, init_l)
     nu = 0
     ne = 0
     head = 0
+    st = OK
     while head < n:
         _unpack(keys[head], k, b, r, M, bn, br)
         t = np.int64(1) << 62
@@ -683,23 +756,29 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
                 p *= prob[done[a], idx[a]]
             if p > 0.0:
                 cnt = _coarse_options(k, b, r, t, done, na, parts, idx, lo, hi, caps, dlo, dhi, M, bn, br,
-                                      ordered, opts, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
+                                      ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
                 if cnt == 0:
-                    return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                    st = DEADLOCK
+                    n = head
+                    break
                 if ne + cnt > max_entries:
-                    return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                    st = TOO_LARGE
+                    break
                 if nu + 1 >= out_prob.shape[0]:
                     out_prob = _grow(out_prob, nu + 2)
                 if nu + 2 >= opt_ptr.shape[0]:
                     opt_ptr = _grow(opt_ptr, nu + 3)
                 if ne + cnt > opt_idx.shape[0]:
                     opt_idx = _grow(opt_idx, ne + cnt)
+                    opt_w = _grow(opt_w, (ne + cnt) * M)
+                    opt_l = _grow(opt_l, (ne + cnt) * M)
                 out_prob[nu] = p
                 for c2 in range(cnt):
                     ix, ins = _find(tkeys, tvals, opts[c2], n)
                     if ins:
                         if n >= max_states:
-                            return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                            st = TOO_LARGE
+                            break
                         if n >= keys.shape[0]:
                             keys = _grow(keys, n + 1)
                             tau = _grow(tau, n + 1)
@@ -710,7 +789,12 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
                         if 2 * n > tkeys.shape[0]:
                             tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
                     opt_idx[ne] = ix
+                    for j in range(M):
+                        opt_w[ne * M + j] = ow[c2, j]
+                        opt_l[ne * M + j] = ol[c2, j]
                     ne += 1
+                if st != OK:
+                    break
                 nu += 1
                 opt_ptr[nu] = ne
             a = na - 1
@@ -722,9 +806,98 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
                 a -= 1
             if a < 0:
                 break
+        if st != OK:
+            break
         head += 1
         out_ptr[head] = nu
-    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+    return st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l
+
+
+@njit(cache=True)
+def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l,
+                 lo, hi):
+    """The process of a sub-box ``[lo, hi]``, cut out of a coarse-clock process built for a box holding it.
+
+    A sub-box allows an option (a sequence of launch decisions) when every model's waits happened
+    below ``hi_j`` and its launches at or above ``lo_j``: ``wmax_j < hi_j`` and ``lmin_j >= lo_j``.
+    Its states are those reachable from the allowed initial states through allowed options, and
+    its options at each (state, outcome) are the allowed ones: exactly what
+    :func:`coarse_mdp_build` enumerates for the sub-box, renumbered in breadth-first order.
+    Returns the same tuple as :func:`coarse_mdp_build` (``keys`` holds the parent's indices).
+    """
+    M = lo.shape[0]
+    where = np.full(n, -1, dtype=np.int64)
+    order = np.empty(n, dtype=np.int64)
+    tau2 = np.empty(n, dtype=np.int64)
+    g2 = np.empty(n, dtype=np.float64)
+    nu_max = out_ptr[n]
+    ne_max = opt_ptr[nu_max]
+    out_ptr2 = np.zeros(n + 1, dtype=np.int64)
+    out_prob2 = np.empty(nu_max + 1, dtype=np.float64)
+    opt_ptr2 = np.zeros(nu_max + 2, dtype=np.int64)
+    opt_idx2 = np.empty(ne_max + 1, dtype=np.int64)
+    opt_w2 = np.empty((ne_max + 1) * M, dtype=np.int32)
+    opt_l2 = np.empty((ne_max + 1) * M, dtype=np.int32)
+    init_idx2 = np.empty(ninit, dtype=np.int64)
+    init_w2 = np.empty(ninit * M, dtype=np.int64)
+    init_l2 = np.empty(ninit * M, dtype=np.int64)
+    n2 = 0
+    ninit2 = 0
+    for e in range(ninit):
+        ok = True
+        for j in range(M):
+            if init_w[e * M + j] >= hi[j] or init_l[e * M + j] < lo[j]:
+                ok = False
+        if ok:
+            s = init_idx[e]
+            if where[s] < 0:
+                where[s] = n2
+                order[n2] = s
+                n2 += 1
+            init_idx2[ninit2] = where[s]
+            for j in range(M):
+                init_w2[ninit2 * M + j] = init_w[e * M + j]
+                init_l2[ninit2 * M + j] = init_l[e * M + j]
+            ninit2 += 1
+    if n2 == 0:
+        return (DEADLOCK, 0, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2,
+                init_idx2, init_w2, init_l2)
+    nu = 0
+    ne = 0
+    head = 0
+    while head < n2:
+        s = order[head]
+        tau2[head] = tau[s]
+        g2[head] = g[s]
+        for u in range(out_ptr[s], out_ptr[s + 1]):
+            cnt = 0
+            for e in range(opt_ptr[u], opt_ptr[u + 1]):
+                ok = True
+                for j in range(M):
+                    if opt_w[e * M + j] >= hi[j] or opt_l[e * M + j] < lo[j]:
+                        ok = False
+                if ok:
+                    t = opt_idx[e]
+                    if where[t] < 0:
+                        where[t] = n2
+                        order[n2] = t
+                        n2 += 1
+                    opt_idx2[ne] = where[t]
+                    for j in range(M):
+                        opt_w2[ne * M + j] = opt_w[e * M + j]
+                        opt_l2[ne * M + j] = opt_l[e * M + j]
+                    ne += 1
+                    cnt += 1
+            if cnt == 0:
+                return (DEADLOCK, head, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2,
+                        ninit2, init_idx2, init_w2, init_l2)
+            out_prob2[nu] = out_prob[u]
+            nu += 1
+            opt_ptr2[nu] = ne
+        head += 1
+        out_ptr2[head] = nu
+    return (OK, n2, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2, init_idx2,
+            init_w2, init_l2)
 
 
 # --------------------------------------------------------------------------------------------------

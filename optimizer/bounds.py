@@ -44,7 +44,7 @@ is tight; it turns an iterate into a certified interval.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -240,13 +240,32 @@ class BoxResult:
     sweeps: int
     seconds: float
     status: str                 # "ok", "too large", "deadlock"
+    # the coarse-clock process itself, kept on request (``keep=True``) so that sub-boxes are cut out of
+    # it (``parent=``) instead of being enumerated again
+    process: "BoxProcess | None" = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class BoxProcess:
+    """A built coarse-clock decision process of one box (the arrays of :func:`optimizer._kernels.coarse_mdp_build`)."""
+
+    N: int
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    coarse: int
+    arrays: tuple = field(repr=False)
+
+    def holds(self, N: int, lo, hi, coarse: int) -> bool:
+        """Whether the box ``[lo, hi]`` at the same N and clock lies inside this one."""
+        return (int(N) == self.N and int(coarse) == self.coarse
+                and all(a <= b for a, b in zip(self.lo, lo)) and all(b <= a for a, b in zip(self.hi, hi)))
 
 
 def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = None, d: np.ndarray | None = None,
               max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
               rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
               empty: bool = False, max_step: int = 4, coarse: int = 1, omega: float = 0.7,
-              give_up: bool = False) -> BoxResult:
+              give_up: bool = False, parent: BoxProcess | None = None, keep: bool = False) -> BoxResult:
     """A proven upper bound on ``T(B)`` for every ``B`` with ``lo <= B <= hi`` (componentwise) at N.
 
     The box's decision process lets each idle model ``j`` launch or wait while
@@ -256,6 +275,10 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     ``h`` comes from value-iteration sweeps; they stop as soon as the bound
     is below ``target_tok_s`` (enough to prune), the bracket is within
     ``rtol``, or ``max_sweeps`` is reached (the bound is valid at any point).
+
+    On a coarse clock, ``parent`` (the ``process`` of an earlier result with ``keep=True``, for a box
+    holding this one at the same N and clock) lets the process be cut out of the parent's
+    (:func:`optimizer._kernels.mdp_restrict`, the same process) instead of enumerated again.
     """
     import time as _time
 
@@ -286,9 +309,18 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     if M * (2 * bn + br) > 62:
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
     offsets, parts, prob = _outcomes(N, M, P)
+    proc = None
     if coarse > 1:
-        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.coarse_mdp_build(
-            N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries), True)
+        if parent is not None and parent.holds(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse):
+            pa = parent.arrays
+            res = K.mdp_restrict(pa[0], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], pa[8], pa[9], pa[10], pa[11],
+                                 pa[12], pa[13], lo, hi)
+        else:
+            res = K.coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, int(max_states),
+                                     int(max_entries), True)
+        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = res[:9]
+        if keep and st == K.OK:
+            proc = BoxProcess(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse, (n,) + res[2:])
     else:
         st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
             N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries), bool(empty))
@@ -335,7 +367,7 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
         prev_hi = hi_b
         step = min(2 * step, max_step)
     return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), hi_b * scale, lo_b * scale, int(n),
-                     sweeps, _time.perf_counter() - t0, "ok")
+                     sweeps, _time.perf_counter() - t0, "ok", proc)
 
 
 def coarse_durations(d: np.ndarray, coarse: int) -> tuple[np.ndarray, np.ndarray]:

@@ -125,6 +125,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         if F.is_feasible(corner, N):
             todo.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
     todo.reverse()
+    # per clock, the processes of the boxes on the current path of the bisection: a box's process is
+    # cut out of the innermost one holding it (optimizer.bounds.box_bound, parent=), not enumerated again
+    kept: dict[int, list] = {}
     while todo:
         if deadline is not None and time.perf_counter() > deadline:
             return
@@ -134,6 +137,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         if slack < 0:
             continue
         hi = tuple(min(h, l + slack) for l, h in zip(lo, hi))
+        for stack in kept.values():
+            while stack and not stack[-1].holds(N, lo, hi, stack[-1].coarse):
+                stack.pop()
         inside = [B for B in cands if all(a <= b <= c for a, b, c in zip(lo, B, hi))]
         open_ = [B for B in inside if B not in by_B and B not in pruned_set]
         if len(open_) <= min_box:
@@ -142,6 +148,7 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                          for B, e in by_B.items())
         hit = None
         r = None
+        tried: list = []
         if not holds_best:
             levels = list(coarse) + [1] if isinstance(coarse, tuple) else ([coarse, 1] if coarse > 1 else [1])
             for c in levels:
@@ -156,13 +163,20 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                     break      # the fine process has several times the coarse one's states: too large
                 stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
                 target = best / (1.0 - max_gap) if max_gap > 0 else best
+                stack = kept.setdefault(c, [])
                 r = box_bound(spec, N, lo, hi, target_tok_s=target, max_states=cap, round_to_grid=rtg,
-                              coarse=c, max_sweeps=max_sweeps)
+                              coarse=c, max_sweeps=max_sweeps, parent=stack[-1] if stack else None, keep=c > 1)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
+                tried.append((c, r))
                 if r.status == "ok" and (r.upper_tok_s < best * (1.0 - TIE_RTOL)
                                          or (max_gap > 0 and r.upper_tok_s <= best / (1.0 - max_gap))):
                     hit = (r, c)
                     break
+        if hit is None:
+            # the box is split: its processes serve its sub-boxes
+            for c, res in tried:
+                if res.process is not None:
+                    kept.setdefault(c, []).append(res.process)
         if hit is not None:
             r, c = hit
             stats["boxes_pruned"] = stats.get("boxes_pruned", 0) + 1

@@ -172,6 +172,36 @@ def test_coarse_clock_bound_holds_for_every_vector_in_the_box(spec, N, c, data):
             assert v <= r.upper_tok_s * (1 + 1e-9) + 1e-9, (B, v, r)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fine_systems(), st.integers(2, 5), st.sampled_from([2, 3]), st.data())
+def test_sub_box_cut_from_a_parent_is_the_sub_box_process(spec, N, c, data):
+    """A sub-box's process cut out of its parent's (bound 5 reused by the bisection) has the states and the
+    converged bound of the sub-box's own enumeration, deadlocks included."""
+    M = spec.M
+    lo = tuple(data.draw(st.integers(1, N)) for _ in range(M))
+    hi = tuple(data.draw(st.integers(a, N)) for a in lo)
+    parent = box_bound(spec, N, lo, hi, coarse=c, max_sweeps=50, keep=True)
+    if parent.status != "ok":
+        return
+    assert parent.process is not None and parent.process.holds(N, lo, hi, c)
+    sub_lo = tuple(data.draw(st.integers(a, b)) for a, b in zip(lo, hi))
+    sub_hi = tuple(data.draw(st.integers(a, b)) for a, b in zip(sub_lo, hi))
+    own = box_bound(spec, N, sub_lo, sub_hi, coarse=c, rtol=1e-10, max_sweeps=4000)
+    cut = box_bound(spec, N, sub_lo, sub_hi, coarse=c, rtol=1e-10, max_sweeps=4000, parent=parent.process)
+    assert cut.status == own.status
+    if own.status == "ok":
+        assert cut.states == own.states
+        assert cut.upper_tok_s == pytest.approx(own.upper_tok_s, rel=1e-8, abs=1e-9)
+        inside = {B: v for B, v in _all_throughputs(spec, N).items()
+                  if all(a <= b <= c_ for a, b, c_ in zip(sub_lo, B, sub_hi))}
+        for B, v in inside.items():
+            assert v <= cut.upper_tok_s * (1 + 1e-9) + 1e-9, (B, v, cut)
+    # a box that is not inside the parent is enumerated, not cut
+    wider = tuple(max(1, a - 1) for a in lo), tuple(b + 1 for b in hi)
+    if wider != (lo, hi):
+        assert not parent.process.holds(N, *wider, c)
+
+
 def test_coarse_clock_on_r2r_is_valid_and_close():
     """R2R (steps of 60 and 279 quanta): slots of 12 and 30 quanta bound every vector of the box, a little
     above the fine bound, with fewer states; a slot longer than a step is refused."""

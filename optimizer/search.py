@@ -30,7 +30,7 @@ Search modes (``search=``), each result saying how it was obtained
     (certificate ``"local"``).
 ``auto``
     ``exhaustive`` while the feasible set is small (210 vectors), ``pruned``
-    for two models up to 2,080 vectors (N = 64), otherwise ``certified`` with
+    for two models up to 8,256 vectors (N = 128), otherwise ``certified`` with
     ``max_gap`` (``"pruned-exact"`` when the bounds close the gap); a time
     budget always means ``certified``.
 
@@ -56,9 +56,10 @@ SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
 CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
 # ``auto`` searches exhaustively up to this many vectors (about N = 20 for two models)
 AUTO_EXHAUSTIVE_MAX = 210
-# ... and, for two models, exactly with pruning up to this many (N = 64: 11 s at most per N on one core,
-# benchmarks/RESULTS.md "search", round 2); certified above
-AUTO_PRUNED_MAX = 2080
+# ... and, for two models, exactly with pruning up to this many (N = 128).  Above N = 64 the exact search
+# costs what the certified one does at max_gap = 0.5 % (R2R: 12 / 22 / 66 s at N = 80 / 96 / 128 on one
+# core, against 12 / 23 / 69 s certified; benchmarks/RESULTS.md "search", round 3); certified above
+AUTO_PRUNED_MAX = 8256
 
 
 def feasible_thresholds(M: int, N: int, max_count: int | None = None) -> list[tuple[int, ...]]:

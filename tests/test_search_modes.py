@@ -181,7 +181,7 @@ def test_parallel_sweep_equals_the_serial_one():
 
 
 def test_auto_is_exact_with_pruning_between_the_exhaustive_and_certified_ranges():
-    """auto: exhaustive to 210 vectors, the pruned search for two models to 2,080, certified with a budget."""
+    """auto: exhaustive to 210 vectors, the pruned search for two models to 8,256 (N = 128), certified with a budget."""
     assert optimize_thresholds(R2R, 20, search="auto").certificate == "exhaustive"      # 210 vectors
     o = optimize_thresholds(R2R, 21, search="auto", eager=False)                       # 231 vectors
     assert o.certificate == "pruned-exact" and o.evaluated + o.pruned == F.count_feasible(21, 2)

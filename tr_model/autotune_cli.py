@@ -68,7 +68,7 @@ def _add_run(sub) -> None:
     t.add_argument("--max-states", type=int, metavar="S", help="stop the table before the first N whose chain "
                    "has more than S states")
     t.add_argument("--search", choices=("auto", "exhaustive", "pruned", "certified", "local"), help="threshold "
-                   "search per N (default: the tuner's, auto: exhaustive for small N, pruned exact to N = 64 "
+                   "search per N (default: the tuner's, auto: exhaustive for small N, pruned exact to N = 128 "
                    "for two models, certified above); every row records its certificate")
     t.add_argument("--max-gap", type=float, metavar="G", help="certified rows: largest relative gap between the "
                    "row's throughput and the proven upper bound (default 0.005)")

@@ -382,3 +382,17 @@ def test_fuzz_watched_table_keeps_the_last_good_one(tmp_path, bad):
     os.mkdir(path)                              # nor a directory in its place
     assert w.lookup(4) == good and "directory" in w.last_error
     os.rmdir(path)
+
+
+def test_a_huge_nested_value_is_quoted_short(tmp_path):
+    """reprlib bounds each level, not the sum: nested long keys once made a 600-character message."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    value = {("k" * 30 + str(i)): {("v" * 30 + str(j)): [10 ** 300, "s" * 100] for j in range(6)} for i in range(6)}
+    p = deep / "t.json"
+    p.write_text(json.dumps({"schema_version": value, "entries": []}))
+    with pytest.raises(ThresholdFileError) as e:
+        ThresholdTable.load(p)
+    msg = str(e.value)
+    assert "schema_version" in msg and "\n" not in msg
+    assert len(msg) < len(str(p)) + 300

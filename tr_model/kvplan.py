@@ -52,7 +52,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tr_core.errors import SpecError
+from tr_core.errors import SpecError, short_repr
 from tr_core.units import DTYPE_BYTES, GIB
 
 PLACEMENT_SCHEMA_VERSION = 1
@@ -69,14 +69,7 @@ __all__ = ["ModelFootprint", "PlacedModel", "Placement", "KVPlan", "read_model_f
 
 
 def _short(x: Any) -> str:
-    """A bounded repr for messages (a field may hold a huge or deeply nested value)."""
-    import reprlib
-    r = reprlib.Repr()
-    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother, r.maxlong = 2, 6, 4, 40, 40, 40
-    try:
-        return r.repr(x)
-    except Exception:  # noqa: BLE001 - a message must not fail
-        return f"<{type(x).__name__}>"
+    return short_repr(x, maxlevel=2, maxlist=6)
 
 
 def _read_json_file(path: str, what: str) -> Any:

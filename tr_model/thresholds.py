@@ -114,14 +114,20 @@ def spec_sha256(spec_doc: Mapping[str, Any]) -> str:
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 4, 40, 40
 _REPR.maxlong = 40
+SHORT_MAX = 160  # characters of a value quoted in an error message
 
 
 def _short(x: Any) -> str:
-    """A bounded repr for messages (a field may hold a huge or deeply nested value)."""
+    """A bounded repr for messages (a field may hold a huge or deeply nested value).
+
+    The rule of :func:`tr_core.errors.short_repr`, restated because this reader is vendorable (standard
+    library only)."""
     try:
-        return _REPR.repr(x)
+        r = _REPR.repr(x)
     except Exception:  # noqa: BLE001 - a repr must never turn into a second error
         return f"<{type(x).__name__}>"
+    # reprlib bounds the items and each string, not their sum (long keys at every level add up)
+    return r if len(r) <= SHORT_MAX else r[:SHORT_MAX - 3] + "..."
 
 
 def _is_int(x: Any) -> bool:

@@ -813,6 +813,32 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
     return st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l
 
 
+@njit(cache=True, inline="always")
+def _allowed(w, l, e, lo, hi, M):
+    """Whether entry ``e``'s decisions (waits up to ``w``, launches from ``l``) fit the box ``[lo, hi]``."""
+    for j in range(M):
+        if w[e * M + j] >= hi[j] or l[e * M + j] < lo[j]:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _copy_bounds(w, l, e, w2, l2, e2, M):
+    for j in range(M):
+        w2[e2 * M + j] = w[e * M + j]
+        l2[e2 * M + j] = l[e * M + j]
+
+
+@njit(cache=True, inline="always")
+def _reach(s, where, order, n2):
+    """Number state ``s`` of the parent in breadth-first order if it is new; returns the new count."""
+    if where[s] < 0:
+        where[s] = n2
+        order[n2] = s
+        n2 += 1
+    return n2
+
+
 @njit(cache=True)
 def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l,
                  lo, hi):
@@ -844,20 +870,10 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
     n2 = 0
     ninit2 = 0
     for e in range(ninit):
-        ok = True
-        for j in range(M):
-            if init_w[e * M + j] >= hi[j] or init_l[e * M + j] < lo[j]:
-                ok = False
-        if ok:
-            s = init_idx[e]
-            if where[s] < 0:
-                where[s] = n2
-                order[n2] = s
-                n2 += 1
-            init_idx2[ninit2] = where[s]
-            for j in range(M):
-                init_w2[ninit2 * M + j] = init_w[e * M + j]
-                init_l2[ninit2 * M + j] = init_l[e * M + j]
+        if _allowed(init_w, init_l, e, lo, hi, M):
+            n2 = _reach(init_idx[e], where, order, n2)
+            init_idx2[ninit2] = where[init_idx[e]]
+            _copy_bounds(init_w, init_l, e, init_w2, init_l2, ninit2, M)
             ninit2 += 1
     if n2 == 0:
         return (DEADLOCK, 0, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2,
@@ -872,20 +888,10 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
         for u in range(out_ptr[s], out_ptr[s + 1]):
             cnt = 0
             for e in range(opt_ptr[u], opt_ptr[u + 1]):
-                ok = True
-                for j in range(M):
-                    if opt_w[e * M + j] >= hi[j] or opt_l[e * M + j] < lo[j]:
-                        ok = False
-                if ok:
-                    t = opt_idx[e]
-                    if where[t] < 0:
-                        where[t] = n2
-                        order[n2] = t
-                        n2 += 1
-                    opt_idx2[ne] = where[t]
-                    for j in range(M):
-                        opt_w2[ne * M + j] = opt_w[e * M + j]
-                        opt_l2[ne * M + j] = opt_l[e * M + j]
+                if _allowed(opt_w, opt_l, e, lo, hi, M):
+                    n2 = _reach(opt_idx[e], where, order, n2)
+                    opt_idx2[ne] = where[opt_idx[e]]
+                    _copy_bounds(opt_w, opt_l, e, opt_w2, opt_l2, ne, M)
                     ne += 1
                     cnt += 1
             if cnt == 0:

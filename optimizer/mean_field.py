@@ -49,7 +49,8 @@ SEARCH_EVENTS = 4_000
 
 @dataclass(frozen=True)
 class MeanField:
-    """The mean-field throughput of one (spec, N, B)."""
+    """The mean-field throughput of one (spec, N, B); from :func:`mean_field_thresholds`, the best vector
+    at N (a guide for the exact search, not B*), with how many vectors it ranked and its time."""
 
     N: int
     B: tuple[int, ...]
@@ -57,19 +58,8 @@ class MeanField:
     per_request_tok_s: float
     drift: float          # relative difference of the whole-window and second-half averages
     events: int
-
-
-@dataclass(frozen=True)
-class MeanFieldGuide:
-    """The best thresholds of the mean-field model at N (a guide for the exact search, not B*)."""
-
-    N: int
-    B: tuple[int, ...]
-    throughput_tok_s: float
-    per_request_tok_s: float
-    drift: float
-    evaluated: int
-    seconds: float
+    evaluated: int = 1
+    seconds: float = 0.0
 
 
 def _arrays(spec: SystemSpec, N: int, round_to_grid: bool):
@@ -117,7 +107,7 @@ def _scaled_start(B, n0: int, N: int) -> tuple[int, ...]:
 
 
 def mean_field_thresholds(spec: SystemSpec, N: int, *, round_to_grid: bool = False,
-                          max_scan: int = 600) -> MeanFieldGuide:
+                          max_scan: int = 600) -> MeanField:
     """The thresholds with the best mean-field throughput at ``N`` (a fast guide, not B*).
 
     Every feasible vector is ranked when there are at most ``max_scan`` of
@@ -172,4 +162,4 @@ def mean_field_thresholds(spec: SystemSpec, N: int, *, round_to_grid: bool = Fal
     top = max(seen.values())
     B = min(b for b, v in seen.items() if v >= top * (1.0 - 1e-12))
     v, drift = _run(spec, N, B, arrays, WARM_EVENTS, EVENTS)
-    return MeanFieldGuide(N, B, v, v / N, drift, len(seen), time.perf_counter() - t0)
+    return MeanField(N, B, v, v / N, drift, EVENTS, len(seen), time.perf_counter() - t0)

@@ -248,7 +248,7 @@ def _may_certify(spec: SystemSpec, n: int, opts: Mapping[str, Any]) -> bool:
         return False
     if opts.get("time_budget_per_n_s") is not None:
         return True
-    limit = getattr(S, "AUTO_PRUNED_MAX", 0) if spec.M == 2 else getattr(S, "AUTO_EXHAUSTIVE_MAX", 0)
+    limit = S.AUTO_PRUNED_MAX if spec.M == 2 else S.AUTO_EXHAUSTIVE_MAX
     return F.count_feasible(n, spec.M) > limit
 
 

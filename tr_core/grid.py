@@ -63,12 +63,15 @@ def coarsest_delta(latencies: Sequence[float], rtol: float = 0.01, min_delta: fl
 
 
 def spec_latencies(spec: SystemSpec, N_max: int) -> list[float]:
-    """Every latency the chain can use up to concurrency ``N_max``."""
+    """Every latency the chain can use up to concurrency ``N_max`` (co-running ones included)."""
     out = []
+    varies = spec._corun_batch_dependent()
     for i in range(spec.M):
-        sizes = range(1, N_max + 1) if spec.batch_dependent else (1,)
+        sizes = range(1, N_max + 1) if varies else (1,)
         cap = spec.caps(N_max)[i]
         out.extend(spec.latency_ms(i, b) for b in sizes if b <= cap)
+        if spec.has_corun and spec.corun_latency[i] is not None:
+            out.extend(spec.corun_latency_ms(i, b) for b in sizes if b <= cap)
     return out
 
 

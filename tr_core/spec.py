@@ -29,6 +29,14 @@ The JSON form (``schema_version`` 1) is::
 table ``{"batch_size": [...], "step_latency_ms": [...]}`` or an affine law
 ``{"intercept_ms": a, "per_request_ms": c}``.  ``provenance`` is free-form
 (profiler intervals, sources) and is carried through untouched.
+
+``corun_latency`` (optional, one entry per model) is the step latency of a batch that runs while at
+least one other model is busy (co-located on the same GPUs): ``null`` (no slowdown, ``Lco_i(b) =
+L_i(b)``), ``{"slowdown": F}`` with a finite ``F >= 1`` (``Lco_i(b) = F L_i(b)``) or a table
+``{"batch_size": [...], "step_latency_ms": [...]}`` interpolated like ``latency_curves``.  A table
+below the solo latency is allowed (:meth:`SystemSpec.corun_warnings` says where).  The chain's law:
+a batch's duration is fixed at its launch, co-running when another model is busy then (see
+docs/model.md, "Co-running").
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ GRID_TOL = 1e-9
 __all__ = [
     "SPEC_SCHEMA_VERSION",
     "LatencyCurve",
+    "CorunLatency",
     "SystemSpec",
     "make_spec",
     "preset",
@@ -222,6 +231,83 @@ class LatencyCurve:
 
 
 @dataclass(frozen=True)
+class CorunLatency:
+    """Step latency of one model while another model is busy (co-running on the same GPUs).
+
+    ``kind='slowdown'``: ``Lco(b) = slowdown * L(b)`` with a finite ``slowdown >= 1``.
+    ``kind='table'``: ``curve`` (a :class:`LatencyCurve` table) gives ``Lco(b)`` directly, linear in
+    between its batch sizes and flat outside, like ``latency_curves``.
+    """
+
+    kind: str
+    slowdown: float = 1.0
+    curve: LatencyCurve | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "slowdown":
+            f = self.slowdown
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+                raise SpecError(f"slowdown must be a finite number, got {f!r}")
+            if f < 1:
+                raise SpecError(f"slowdown must be >= 1 (a co-running step is not faster than a solo one), "
+                                f"got {f:g}")
+            if f * 1.0 > MAX_MS:
+                raise SpecError(f"slowdown = {f:g} is too large")
+        elif self.kind == "table":
+            if not isinstance(self.curve, LatencyCurve) or self.curve.kind != "table":
+                raise SpecError("a co-running table needs a LatencyCurve of kind 'table'")
+        else:
+            raise SpecError(f"co-running latency kind must be 'slowdown' or 'table', got {self.kind!r}")
+
+    @staticmethod
+    def factor(f: float) -> "CorunLatency":
+        return CorunLatency("slowdown", slowdown=float(f))
+
+    @staticmethod
+    def table(batch_size: Sequence[int], step_latency_ms: Sequence[float]) -> "CorunLatency":
+        return CorunLatency("table", curve=LatencyCurve("table", batch_size=tuple(int(b) for b in batch_size),
+                                                        step_latency_ms=tuple(float(v) for v in step_latency_ms)))
+
+    def latency_ms(self, solo_ms: float, b: int) -> float:
+        """Co-running latency in ms of a batch of ``b`` whose solo latency is ``solo_ms``."""
+        if self.kind == "slowdown":
+            return self.slowdown * solo_ms
+        return self.curve.latency_ms(b)
+
+    @property
+    def batch_dependent(self) -> bool:
+        return self.kind == "table" and len(set(self.curve.step_latency_ms)) > 1
+
+    def to_dict(self) -> dict:
+        if self.kind == "slowdown":
+            return {"slowdown": self.slowdown}
+        return self.curve.to_dict()
+
+    @staticmethod
+    def from_dict(d: Any, where: str) -> "CorunLatency":
+        if isinstance(d, CorunLatency):
+            return d
+        if not isinstance(d, Mapping):
+            raise SpecError(f"{where} must be null, {{\"slowdown\": F}} or a table {{\"batch_size\": [...], "
+                            f"\"step_latency_ms\": [...]}}, got {_show(d)}")
+        if "slowdown" in d:
+            extra = sorted(map(str, set(d) - {"slowdown"}))
+            if extra:
+                raise SpecError(f"{where}: unknown field(s) {', '.join(extra)} (a slowdown entry has only 'slowdown')")
+            f = _json_number(d["slowdown"], f"{where}.slowdown")
+            if f < 1:
+                raise SpecError(f"{where}.slowdown must be >= 1 (Lco = slowdown * L is not faster than "
+                                f"the solo step), got {f:g}")
+            if f > MAX_MS:
+                raise SpecError(f"{where}.slowdown = {f:g} is too large")
+            return CorunLatency("slowdown", slowdown=f)
+        if "batch_size" in d or "step_latency_ms" in d:
+            curve = LatencyCurve.from_dict(d, where)
+            return CorunLatency("table", curve=curve)
+        raise SpecError(f"{where} needs either 'slowdown' or 'batch_size'+'step_latency_ms'")
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     """A validated routed-serving system.  Build it with :func:`make_spec` or :func:`preset`."""
 
@@ -234,6 +320,7 @@ class SystemSpec:
     latency_curves: tuple[LatencyCurve | None, ...] | None = None
     max_batch_size: tuple[int | None, ...] | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    corun_latency: tuple[CorunLatency | None, ...] | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -261,6 +348,45 @@ class SystemSpec:
     def batch_dependent(self) -> bool:
         return bool(self.latency_curves) and any(c is not None for c in self.latency_curves)
 
+    @property
+    def has_corun(self) -> bool:
+        """True when some model has a co-running latency (even a slowdown of 1: the chain then takes the
+        co-running law, which gives today's chain back)."""
+        return bool(self.corun_latency) and any(c is not None for c in self.corun_latency)
+
+    def corun_latency_ms(self, i: int, b: int = 1) -> float:
+        """Step latency (ms) of a batch of ``b`` on model ``i`` launched while another model is busy."""
+        solo = self.latency_ms(i, b)
+        law = self.corun_latency[i] if self.corun_latency else None
+        return solo if law is None else law.latency_ms(solo, b)
+
+    def _corun_batch_dependent(self) -> bool:
+        return self.batch_dependent or (self.has_corun and any(
+            c is not None and c.kind == "table" for c in self.corun_latency))
+
+    def corun_warnings(self) -> list[str]:
+        """Where a co-running table lies below the solo latency (allowed, but a co-running step is
+        normally not faster than a solo one).  Checked at every breakpoint of both curves and at
+        batch sizes 1 and 1024 (both are piecewise linear in b between those points)."""
+        out = []
+        if not self.has_corun:
+            return out
+        for i, law in enumerate(self.corun_latency):
+            if law is None or law.kind != "table":
+                continue
+            solo = self.latency_curves[i] if self.latency_curves else None
+            pts = set(law.curve.batch_size) | {1, 1024}
+            if solo is not None and solo.kind == "table":
+                pts |= set(solo.batch_size)
+            below = [b for b in sorted(pts) if self.corun_latency_ms(i, b) < self.latency_ms(i, b) * (1 - 1e-12)]
+            if below:
+                b = below[0]
+                out.append(f"corun_latency[{i}] is below the solo latency at batch size(s) "
+                           f"{', '.join(map(str, below[:6]))}{' ...' if len(below) > 6 else ''} "
+                           f"(b = {b}: {self.corun_latency_ms(i, b):g} ms co-running < {self.latency_ms(i, b):g} ms "
+                           f"solo); a co-running step is then modelled as faster than a solo one")
+        return out
+
     def caps(self, N: int) -> np.ndarray:
         """Per-model batch caps as an int64 array (``N`` where uncapped)."""
         out = np.full(self.M, N, dtype=np.int64)
@@ -281,6 +407,52 @@ class SystemSpec:
         """
         d, roundings = _quanta_table(self, int(N), bool(round_to_grid))
         return d.copy(), [dict(r) for r in roundings]
+
+    def corun_quanta_table(self, N: int, round_to_grid: bool = False) -> tuple[np.ndarray, list[dict]]:
+        """``d_co[i, b]`` = duration in quanta of a batch of b on model i launched while another model is
+        busy, for b = 0..N, on the same grid as :meth:`quanta_table` (column 0 = column 1).
+
+        Without ``corun_latency`` it equals :meth:`quanta_table`.  Off-grid co-running latencies are
+        refused (naming ``corun_latency[i]`` and the batch size) unless ``round_to_grid``; the roundings
+        applied are returned like :meth:`quanta_table`'s, with ``"corun": True``.
+        """
+        d, roundings = _corun_quanta_table(self, int(N), bool(round_to_grid))
+        return d.copy(), [dict(r) for r in roundings]
+
+    def _corun_quanta_table(self, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
+        if not self.has_corun:
+            return self._quanta_table(N, round_to_grid)
+        if N < 1:
+            raise SpecError(f"N must be >= 1, got {N}")
+        d = np.zeros((self.M, N + 1), dtype=np.int64)
+        roundings: list[dict] = []
+        varies = self._corun_batch_dependent()
+        sizes = range(1, N + 1) if varies else (1,)
+        for i in range(self.M):
+            for b in sizes:
+                lat = self.corun_latency_ms(i, b)
+                q = lat / self.delta_ms
+                if q > MAX_QUANTA:
+                    raise SpecError(f"co-running latency of model {i} ({lat:g} ms) is {q:.3g} quanta of delta = "
+                                    f"{self.delta_ms:g} ms, more than {MAX_QUANTA:,}; use a coarser --delta-ms")
+                qi = max(1, int(round(q)))
+                if abs(q - round(q)) > GRID_TOL * max(1.0, abs(q)) or round(q) < 1:
+                    rel = (qi * self.delta_ms - lat) / lat
+                    info = {"model": i, "batch_size": b, "step_latency_ms": lat,
+                            "rounded_ms": qi * self.delta_ms, "relative_error": rel, "corun": True}
+                    if not round_to_grid:
+                        where = f"corun_latency[{i}]" + (f" at batch size {b}" if varies else "")
+                        raise SpecError(
+                            f"{where} = {lat:g} ms (co-running) is not a multiple of delta = {self.delta_ms:g} ms; "
+                            f"rounding would give {qi * self.delta_ms:.6g} ms (relative error {rel:+.3g}); "
+                            f"pass --round to apply it, or use --delta-ms auto or a finer --delta-ms")
+                    roundings.append(info)
+                d[i, b] = qi
+            if not varies:
+                d[i, :] = d[i, 1]
+            else:
+                d[i, 0] = d[i, 1]
+        return d, roundings
 
     def _quanta_table(self, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
         if N < 1:
@@ -330,6 +502,11 @@ class SystemSpec:
 def _quanta_table(spec: SystemSpec, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
     # one conversion per (spec, N, rounding): a threshold search asks once per B (callers get copies)
     return spec._quanta_table(N, round_to_grid)
+
+
+@functools.lru_cache(maxsize=512)
+def _corun_quanta_table(spec: SystemSpec, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
+    return spec._corun_quanta_table(N, round_to_grid)
 
 
 def _replace(spec: SystemSpec, **kw) -> SystemSpec:
@@ -389,6 +566,18 @@ def _validate(s: SystemSpec) -> None:
                     if not MIN_MS <= lat <= MAX_MS:
                         raise SpecError(f"latency_curves[{i}] gives {lat:g} ms at batch size {b}, outside "
                                         f"[{MIN_MS:g}, {MAX_MS:g}] ms")
+    if s.corun_latency is not None:
+        if len(s.corun_latency) != M:
+            raise SpecError(f"corun_latency must have M = {M} entries (one per model), got {len(s.corun_latency)}")
+        for i, c in enumerate(s.corun_latency):
+            if c is not None and not isinstance(c, CorunLatency):
+                raise SpecError(f"corun_latency[{i}] must be a CorunLatency or None")
+            if c is not None:
+                for b in (1, 2, 4, 8, 16, 64, 256, 1024):
+                    lat = s.corun_latency_ms(i, b)
+                    if not (math.isfinite(lat) and MIN_MS <= lat <= MAX_MS):
+                        raise SpecError(f"corun_latency[{i}] gives {lat:g} ms at batch size {b}, outside "
+                                        f"[{MIN_MS:g}, {MAX_MS:g}] ms")
     if s.max_batch_size is not None:
         if len(s.max_batch_size) != M:
             raise SpecError(f"max_batch_size must have M = {M} entries, got {len(s.max_batch_size)}")
@@ -409,8 +598,12 @@ def make_spec(step_latency_ms: Sequence[float], routing_matrix: Any, committed_t
               delta_ms: float = 0.1, name: str = "custom", model_names: Sequence[str] | None = None,
               latency_curves: Sequence[LatencyCurve | Mapping | None] | None = None,
               max_batch_size: Sequence[int | None] | None = None,
-              provenance: Mapping[str, Any] | None = None) -> SystemSpec:
-    """Build and validate a :class:`SystemSpec` from plain Python values."""
+              provenance: Mapping[str, Any] | None = None,
+              corun_latency: Sequence[CorunLatency | Mapping | float | None] | None = None) -> SystemSpec:
+    """Build and validate a :class:`SystemSpec` from plain Python values.
+
+    ``corun_latency`` entries may be ``None``, a :class:`CorunLatency`, a number (a slowdown factor) or
+    a JSON-style mapping (``{"slowdown": F}`` or a table)."""
     try:
         L = tuple(_finite(v, "step_latency_ms") for v in step_latency_ms)
     except TypeError:
@@ -433,7 +626,30 @@ def make_spec(step_latency_ms: Sequence[float], routing_matrix: Any, committed_t
         latency_curves=curves,
         max_batch_size=caps,
         provenance=dict(provenance or {}),
+        corun_latency=parse_corun(corun_latency),
     )
+
+
+def parse_corun(values: Any, where: str = "corun_latency") -> tuple[CorunLatency | None, ...] | None:
+    """Co-running latencies from plain values: ``None`` (absent) or a list of entries, each ``None``, a
+    :class:`CorunLatency`, a slowdown factor or a JSON-style mapping.  Messages name ``where[i]``."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise SpecError(f"{where} must be a list (one entry per model), got {_show(values)}")
+    out: list[CorunLatency | None] = []
+    for i, c in enumerate(values):
+        w = f"{where}[{i}]"
+        if c is None or isinstance(c, CorunLatency):
+            out.append(c)
+        elif _is_number(c):
+            f = _json_number(c, w)
+            if f < 1:
+                raise SpecError(f"{w} = {f:g}: a slowdown factor must be >= 1")
+            out.append(CorunLatency.from_dict({"slowdown": f}, w))
+        else:
+            out.append(CorunLatency.from_dict(c, w))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------
@@ -511,13 +727,15 @@ def spec_to_dict(spec: SystemSpec) -> dict:
         d["latency_curves"] = [None if c is None else c.to_dict() for c in spec.latency_curves]
     if spec.max_batch_size is not None:
         d["max_batch_size"] = list(spec.max_batch_size)
+    if spec.corun_latency is not None:
+        d["corun_latency"] = [None if c is None else c.to_dict() for c in spec.corun_latency]
     if spec.provenance:
         d["provenance"] = dict(spec.provenance)
     return d
 
 
 _KNOWN_KEYS = {"schema_version", "name", "step_latency_ms", "routing_matrix", "committed_tokens", "delta_ms",
-               "model_names", "latency_curves", "max_batch_size", "provenance", "M"}
+               "model_names", "latency_curves", "max_batch_size", "provenance", "M", "corun_latency"}
 
 
 def _check_json_types(d: Mapping[str, Any]) -> int:
@@ -547,6 +765,8 @@ def _check_json_types(d: Mapping[str, Any]) -> int:
                 raise SpecError(f"model_names[{i}] must be a string, got {_show(v)}")
     if d.get("latency_curves") is not None:
         _json_list(d["latency_curves"], "latency_curves", M)  # entries are checked by LatencyCurve.from_dict
+    if d.get("corun_latency") is not None:
+        _json_list(d["corun_latency"], "corun_latency", M)  # entries are checked by CorunLatency.from_dict
     if d.get("max_batch_size") is not None:
         for i, v in enumerate(_json_list(d["max_batch_size"], "max_batch_size", M)):
             if v is not None:
@@ -554,6 +774,17 @@ def _check_json_types(d: Mapping[str, Any]) -> int:
     if d.get("provenance") is not None and not isinstance(d["provenance"], Mapping):
         raise SpecError(f"provenance must be an object, got {_show(d['provenance'])}")
     return M
+
+
+def _json_corun(values: Any) -> list | None:
+    """In a JSON document a bare number is not a corun_latency entry (only null, {"slowdown": F} or a table)."""
+    if values is None:
+        return None
+    for i, c in enumerate(values):
+        if c is not None and not isinstance(c, Mapping):
+            raise SpecError(f"corun_latency[{i}] must be null, {{\"slowdown\": F}} or a table "
+                            f"{{\"batch_size\": [...], \"step_latency_ms\": [...]}}, got {_show(c)}")
+    return list(values)
 
 
 def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
@@ -582,7 +813,8 @@ def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
             d["step_latency_ms"], d["routing_matrix"], d["committed_tokens"],
             delta_ms=d.get("delta_ms", 0.1), name=d.get("name", "custom"),
             model_names=d.get("model_names"), latency_curves=d.get("latency_curves"),
-            max_batch_size=d.get("max_batch_size"), provenance=d.get("provenance"))
+            max_batch_size=d.get("max_batch_size"), provenance=d.get("provenance"),
+            corun_latency=_json_corun(d.get("corun_latency")))
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
 

@@ -194,6 +194,10 @@ def _grid_roundings(system: System, Ns: IntRanges, method: str) -> list[dict]:
         return []
     spec = system.spec
     _, roundings = spec.quanta_table(Ns.max if spec.batch_dependent else 1, round_to_grid=system.round_to_grid)
+    if spec.has_corun:
+        n = Ns.max if spec._corun_batch_dependent() else 1
+        _, co = spec.corun_quanta_table(n, round_to_grid=system.round_to_grid)
+        roundings = roundings + co
     return roundings
 
 
@@ -227,7 +231,7 @@ def validate(a) -> Plan:
 
 def _rounding_notes(roundings: list[dict], M: int) -> list[str]:
     if len(roundings) <= 2 * M:
-        return [f"model {r['model']} latency {r['step_latency_ms']:g} ms rounded to {r['rounded_ms']:.6g} ms "
+        return [f"model {r['model']} {'co-running ' if r.get('corun') else ''}latency {r['step_latency_ms']:g} ms rounded to {r['rounded_ms']:.6g} ms "
                 f"(relative error {r['relative_error']:+.3g})" for r in roundings]
     out = []
     for i in range(M):

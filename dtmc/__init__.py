@@ -81,9 +81,12 @@ def _ratio_bound(pi, err, log_bound, g, tau, n) -> float:
 
 def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
                 max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
-                max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> ChainSolution:
-    """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards."""
-    chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states, max_transitions=max_transitions)
+                max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None) -> ChainSolution:
+    """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards.
+
+    ``dco``: co-running durations (see :func:`build_chain`); ``None`` for the solo chain."""
+    chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states, max_transitions=max_transitions,
+                        dco=dco)
     t0 = time.perf_counter()
     st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0)
     pi = st.pi

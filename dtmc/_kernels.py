@@ -192,18 +192,41 @@ def _decode(key, k, b, r, M, bn, br):
 
 
 @njit(cache=True)
-def _launch(k, b, r, B, caps, d, M):
+def _launch(k, b, r, B, caps, d, dco, corun, M):
+    """The launch pass.  Without co-running every launch gets ``d``.  With it (the launch law), a
+    launch gets ``dco`` when another model is busy at this instant: running after this epoch's
+    completions (``b > 0`` here) or launching in this same pass; otherwise ``d``."""
+    if not corun:
+        for j in range(M):
+            if b[j] == 0 and k[j] >= B[j]:
+                take = k[j] if k[j] < caps[j] else caps[j]
+                b[j] = take
+                k[j] -= take
+                r[j] = d[j, take]
+        return
+    running = 0
+    launching = 0
+    for j in range(M):
+        if b[j] > 0:
+            running += 1
+        elif k[j] >= B[j]:
+            launching += 1
+    co = running > 0 or launching > 1
     for j in range(M):
         if b[j] == 0 and k[j] >= B[j]:
             take = k[j] if k[j] < caps[j] else caps[j]
             b[j] = take
             k[j] -= take
-            r[j] = d[j, take]
+            r[j] = dco[j, take] if co else d[j, take]
 
 
 @njit(cache=True)
-def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions, init_cap):
+def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions,
+                init_cap):
     """Breadth-first enumeration of the reachable states and their transitions.
+
+    ``dco``/``corun``: the co-running durations and whether the launch law uses them (see
+    :func:`_launch`); with ``corun`` false ``dco`` is ignored and the chain is the solo one.
 
     Returns ``(status, n, keys, row_ptr, cols, vals, tau, g)``: the first ``n``
     packed keys in discovery order, the CSR transition matrix (rows in the same
@@ -241,7 +264,7 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
 
     # initial state: all N wait at model 0, then one launch pass
     k[0] = N
-    _launch(k, b, r, B, caps, d, M)
+    _launch(k, b, r, B, caps, d, dco, corun, M)
     key0 = _encode(k, b, r, M, bn, br)
     keys[0] = key0
     _table_find_or_insert(tkeys, tvals, key0, 0)
@@ -293,7 +316,7 @@ def build_chain(N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, max_states
                     c = idx[a]
                     for j in range(M):
                         k2[j] += parts[c, j]
-                _launch(k2, b2, r2, B, caps, d, M)
+                _launch(k2, b2, r2, B, caps, d, dco, corun, M)
                 if nout == obuf_k.shape[0]:
                     obuf_k = _grow(obuf_k, nout + 1)
                     obuf_p = _grow(obuf_p, nout + 1)

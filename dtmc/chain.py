@@ -10,7 +10,8 @@ size, residual quanta), with :math:`\sum_i (k_i + b_i) = N`.  From ``s``:
   :math:`\mathrm{Multinomial}(b_i, P_i)`; the joint outcome is the product;
 * every idle model j with :math:`k_j \ge B_j` launches
   :math:`\min(k_j, \mathrm{cap}_j)` requests with residual
-  :math:`d_j(\text{batch})` quanta;
+  :math:`d_j(\text{batch})` quanta, or :math:`d^{co}_j(\text{batch})` (co-running, when given) if
+  another model is running after the completions or launches in the same pass;
 * outcomes leading to the same state are merged (one matrix entry per pair).
 
 Rewards: holding time :math:`\tau(s)` and expected committed tokens
@@ -98,7 +99,7 @@ def _bits(x: int) -> int:
     return max(1, int(x).bit_length())
 
 
-def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray) -> int:
+def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray, dco: np.ndarray | None = None) -> int:
     """A cheap upper bound on the number of reachable states (no allocation).
 
     Counts vectors ``(k_i, b_i, r_i)`` with ``sum(k_i + b_i) = N``, idle
@@ -107,6 +108,8 @@ def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray) -> int:
     never undercounts; the enumeration itself stops at ``max_states``.
     """
     M = len(B)
+    if dco is not None:
+        d = np.maximum(d, dco)
     # generating-function count: per model, the number of (k, b, r) with k+b = m
     per = []
     for i in range(M):
@@ -150,7 +153,8 @@ def _compositions(N: int, M: int):
 
 
 def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=None,
-                max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> Chain:
+                max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS,
+                dco: np.ndarray | None = None) -> Chain:
     """Enumerate the states reachable from the initial state and assemble the chain.
 
     ``P``, ``C``: (M, M) routing probabilities and committed tokens.  ``d``:
@@ -159,6 +163,10 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     ``sum(B_i - 1) < N``).  ``caps``: batch caps (default N).  Raises
     :class:`StateLimitExceeded` once more than ``max_states`` states or
     ``max_transitions`` transitions are found, before they could exhaust memory.
+
+    ``dco``: (M, N+1) co-running durations (the launch law: a batch launched while another model is
+    running after the epoch's completions, or launching in the same pass, gets ``dco``; otherwise
+    ``d``).  ``None`` builds the solo chain (the kernel's solo path, state for state today's chain).
     """
     P = np.ascontiguousarray(P, dtype=np.float64)
     C = np.ascontiguousarray(C, dtype=np.float64)
@@ -182,10 +190,21 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
         raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
     if (d[:, 1:] < 1).any():
         raise DTMCError("durations d must be >= 1 quantum")
+    corun = dco is not None
+    if corun:
+        dco = np.ascontiguousarray(dco, dtype=np.int64)
+        if dco.shape != (M, N + 1):
+            raise DTMCError(f"dco must have shape (M, N+1) = ({M}, {N + 1}), got {dco.shape}")
+        if (dco[:, 1:] < 1).any():
+            raise DTMCError("co-running durations dco must be >= 1 quantum")
+        dmax = int(max(d.max(), dco.max()))
+    else:
+        dco = d
+        dmax = int(d.max())
     bn = _bits(N)
-    br = _bits(int(d.max()))
+    br = _bits(dmax)
     if M * (2 * bn + br) > 62:
-        raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {int(d.max())} quanta "
+        raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
                         f"needs {M * (2 * bn + br)} bits, more than the 62 a packed key holds; use a coarser delta")
     cbar = (C * P).sum(axis=1)
 
@@ -195,9 +214,10 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     prob = K.composition_probabilities(P, offsets, parts, logfact)
     init_cap = 1024
     status, n, keys, row_ptr, cols, vals, tau, g = K.build_chain(
-        N, B, caps, d, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions), init_cap)
+        N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions),
+        init_cap)
     if status == K.TOO_MANY_STATES:
-        est = state_bound(N, d, B, caps)
+        est = state_bound(N, d, B, caps, dco if corun else None)
         raise StateLimitExceeded(int(max_states), max(est, n),
                                  max(est, n) * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION),
                                  transitions=n <= max_states, max_transitions=int(max_transitions))

@@ -97,6 +97,10 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
     tol = dtmc.DEFAULT_TOL if tol is None else float(tol)
     max_states = dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states)
     d, roundings = spec.quanta_table(int(N), round_to_grid=round_to_grid)
+    dco = None
+    if spec.has_corun:
+        dco, co_roundings = spec.corun_quanta_table(int(N), round_to_grid=round_to_grid)
+        roundings = roundings + co_roundings
     key = None
     if cache is not None:
         from optimizer.cache import ResultCache, evaluation_key
@@ -109,7 +113,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
     t0 = time.perf_counter()
     try:
         sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
-                               tol=tol, max_states=max_states)
+                               tol=tol, max_states=max_states, dco=dco)
     except dtmc.StateLimitExceeded as e:
         if e.transitions:
             raise StateSpaceTooLarge(

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from tr_core.errors import SpecError
-from tr_core.spec import LatencyCurve, SystemSpec
+from tr_core.spec import CorunLatency, LatencyCurve, SystemSpec
 
 
 def grid_errors(latencies: np.ndarray, delta: float) -> np.ndarray:
@@ -123,3 +123,68 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
     if len(doc) != M:
         raise SpecError(f"--L-table {path!r} has {len(doc)} curves but the system has M = {M} models")
     return [None if c is None else LatencyCurve.from_dict(c, f"--L-table[{i}]") for i, c in enumerate(doc)]
+
+
+def load_corun_table(path: str | os.PathLike, M: int) -> list[CorunLatency | None]:
+    """Read per-model co-running latencies ``Lco_i(b)`` (``--corun-L-table``) from JSON or CSV.
+
+    JSON: a list of M entries (``null``, ``{"slowdown": F}`` or ``{"batch_size": [...],
+    "step_latency_ms": [...]}``), or an object (e.g. a spec or a profile) carrying that list under
+    ``corun_latency``.  CSV: header ``model,batch_size,step_latency_ms`` as for ``--L-table``; a model
+    without rows gets ``null`` (no slowdown).  Errors name the flag and the file.
+    """
+    from tr_core.fileio import parse_json_text, read_text
+
+    path = os.fspath(path)
+    flag = f"--corun-L-table {path!r}"
+    text = read_text(path, "--corun-L-table file")
+    if path.lower().endswith(".csv"):
+        rows: dict[int, list[tuple[int, float]]] = {}
+        reader = csv.DictReader(text.splitlines())
+        need = {"model", "batch_size", "step_latency_ms"}
+        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+            raise SpecError(f"{flag}: CSV header must have columns model,batch_size,step_latency_ms")
+        for n, row in enumerate(reader, start=2):
+            try:
+                i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
+            except (TypeError, ValueError):
+                raise SpecError(f"{flag} line {n}: model and batch_size must be integers, "
+                                f"step_latency_ms a number") from None
+            if not 0 <= i < M:
+                raise SpecError(f"{flag} line {n}: model {i} is not in 0..{M - 1}")
+            if not math.isfinite(v):
+                raise SpecError(f"{flag} line {n}: step_latency_ms must be finite, got {row['step_latency_ms']!r}")
+            rows.setdefault(i, []).append((b, v))
+        out: list[CorunLatency | None] = []
+        for i in range(M):
+            pts = sorted(rows.get(i, []))
+            if not pts:
+                out.append(None)
+                continue
+            try:
+                out.append(CorunLatency.table([p[0] for p in pts], [p[1] for p in pts]))
+            except SpecError as e:
+                raise SpecError(f"{flag}, model {i}: {e}") from None
+        return out
+    doc = parse_json_text(text, flag)
+    if isinstance(doc, dict):
+        if "corun_latency" not in doc:
+            raise SpecError(f"{flag}: expected a list of {M} co-running entries, or an object with 'corun_latency'")
+        doc = doc["corun_latency"]
+    if not isinstance(doc, list):
+        raise SpecError(f"{flag}: expected a list of {M} co-running entries (null, {{\"slowdown\": F}} or "
+                        f"a table), got {type(doc).__name__}")
+    if len(doc) != M:
+        raise SpecError(f"{flag} has {len(doc)} entries but the system has M = {M} models")
+    out = []
+    for i, c in enumerate(doc):
+        if c is None:
+            out.append(None)
+        elif not isinstance(c, dict):
+            raise SpecError(f"{flag}: entry {i} must be null, {{\"slowdown\": F}} or a table, got {c!r:.40}")
+        else:
+            try:
+                out.append(CorunLatency.from_dict(c, f"corun_latency[{i}]"))
+            except SpecError as e:
+                raise SpecError(f"{flag}: {e}") from None
+    return out

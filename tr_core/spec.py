@@ -497,6 +497,11 @@ class SystemSpec:
     def with_delta(self, delta_ms: float) -> "SystemSpec":
         return _replace(self, delta_ms=delta_ms)
 
+    def with_corun(self, corun_latency: Sequence[CorunLatency | Mapping | float | None] | None) -> "SystemSpec":
+        """The same system with these co-running latencies (entries as for :func:`make_spec`; ``None``
+        removes them): ``spec.with_corun([2.8, 1.05])`` is the API form of ``--corun-slowdown 2.8 1.05``."""
+        return _replace(self, corun_latency=parse_corun(corun_latency))
+
 
 @functools.lru_cache(maxsize=512)
 def _quanta_table(spec: SystemSpec, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:

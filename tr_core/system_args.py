@@ -7,6 +7,8 @@ The flags::
     --L MS...                                                    step latency of each model, ms
     --L-table FILE                                               batch-size-dependent L_i(b) (read once)
     --max-batch CAP...                                           batch cap per model ('none' = no cap)
+    --corun-slowdown F... | --corun-L-table FILE                 co-running latency per model (factor >= 1
+                                                                 on L_i(b), or measured tables)
     --delta-ms MS|auto [--delta-rtol R] [--round]                the time grid
 
 Every value is validated once, by the spec (:mod:`tr_core.spec`); an error from there is prefixed with
@@ -34,6 +36,10 @@ class System:
     spec: SystemSpec
     round_to_grid: bool
     delta_auto: dict | None = None  # {"delta_ms": ..., "rtol": ...} when --delta-ms auto chose the grid
+
+    def warnings(self) -> list[str]:
+        """Lines for stderr after ``warning:``: a co-running table below the solo latency."""
+        return self.spec.corun_warnings()
 
     def notes(self) -> list[str]:
         """Lines for stderr: the grid ``--delta-ms auto`` chose; a system that never commits a token."""
@@ -66,6 +72,12 @@ def add_system_args(parser, *, title: str = "system (--spec, or a preset: --p/--
                        "affine laws, or null) or CSV with columns model,batch_size,step_latency_ms (ms)")
         add_list_arg(g, "--max-batch", convert=str, metavar="CAP", help="batch cap per model (requests; 'none' "
                      "for no cap); the excess keeps waiting")
+        add_list_arg(g, "--corun-slowdown", convert=str, metavar="F", help="co-running slowdown per model "
+                     "(dimensionless, >= 1): a batch launched while another model is busy takes F_i * L_i(b) ms "
+                     "(docs/model.md, Co-running); 1 for no slowdown")
+        g.add_argument("--corun-L-table", metavar="FILE", help="measured co-running step latencies Lco_i(b) "
+                       "(ms): JSON list of per-model entries (null, {slowdown: F} or {batch_size, step_latency_ms} "
+                       "tables), or CSV with columns model,batch_size,step_latency_ms (as --L-table)")
     g.add_argument("--delta-ms", metavar="MS", help="time quantum in ms, or 'auto' for the coarsest grid that "
                    "represents every latency within --delta-rtol (default 0.1, or the spec's delta_ms); every "
                    "latency must be a multiple of it unless --round")
@@ -110,6 +122,27 @@ def parse_caps(values, M: int) -> tuple[int | None, ...] | None:
     return tuple(caps)
 
 
+def parse_corun_slowdown(values, M: int) -> tuple[float, ...] | None:
+    """``--corun-slowdown``: one finite factor >= 1 per model."""
+    if values is None:
+        return None
+    if len(values) != M:
+        raise SpecError(f"--corun-slowdown needs M = {M} values (one per model), got {len(values)}")
+    out = []
+    for i, v in enumerate(values):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise SpecError(f"--corun-slowdown: {v!r} (model {i}) is not a number") from None
+        if not math.isfinite(f):
+            raise SpecError(f"--corun-slowdown: the factor of model {i} must be finite, got {v}")
+        if f < 1:
+            raise SpecError(f"--corun-slowdown: the factor of model {i} must be >= 1 (co-running is not faster "
+                            f"than running alone), got {v}")
+        out.append(f)
+    return tuple(out)
+
+
 def _flag_error(flag: str, e: SpecError) -> SpecError:
     return SpecError(f"{flag}: {e}")
 
@@ -135,6 +168,25 @@ def _preset_from_args(a, curves, delta: float | None) -> SystemSpec:
         if str(e).startswith(("step_latency_ms", "delta_ms")):
             raise _flag_error("--L" if str(e).startswith("step") else "--delta-ms", e) from None
         raise
+
+
+def _with_corun(a, spec: SystemSpec) -> SystemSpec:
+    """Apply ``--corun-slowdown`` or ``--corun-L-table`` (either replaces a spec's ``corun_latency``)."""
+    factors = getattr(a, "corun_slowdown", None)
+    table = getattr(a, "corun_L_table", None)
+    if factors is not None and table:
+        raise SpecError("--corun-slowdown and --corun-L-table both give the co-running latencies; use one")
+    if factors is not None:
+        flag, entries = "--corun-slowdown", list(parse_corun_slowdown(factors, spec.M))
+    elif table:
+        from tr_core.grid import load_corun_table
+        flag, entries = "--corun-L-table", load_corun_table(table, spec.M)
+    else:
+        return spec
+    try:
+        return spec.with_corun(entries)
+    except SpecError as e:
+        raise _flag_error(flag, e) from None
 
 
 def _models_in(a) -> int:
@@ -174,6 +226,7 @@ def build_system(a, N_max: int | None = None) -> System:
     caps = parse_caps(getattr(a, "max_batch", None), spec.M)
     if caps is not None:
         spec = replace(spec, max_batch_size=caps)
+    spec = _with_corun(a, spec)
     round_to_grid = bool(getattr(a, "round", False))
     if delta != "auto":
         return System(spec, round_to_grid)

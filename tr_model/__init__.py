@@ -25,12 +25,12 @@ version); ``tests/test_import_layers.py`` keeps every import pointing down.
 """
 
 from tr_core.errors import SpecError, StateSpaceTooLarge, TRError
-from tr_core.spec import (PRESETS, LatencyCurve, SystemSpec, load_spec, make_spec, preset, save_spec,
-                           spec_from_dict, spec_to_dict)
+from tr_core.spec import (PRESETS, CorunLatency, LatencyCurve, SystemSpec, load_spec, make_spec, preset,
+                           save_spec, spec_from_dict, spec_to_dict)
 
 from tr_core.version import __version__
 
-__all__ = ["SystemSpec", "LatencyCurve", "make_spec", "preset", "PRESETS", "load_spec", "save_spec",
+__all__ = ["SystemSpec", "LatencyCurve", "CorunLatency", "make_spec", "preset", "PRESETS", "load_spec", "save_spec",
            "spec_from_dict", "spec_to_dict", "evaluate", "optimize", "optimize_many", "TRError", "SpecError",
            "StateSpaceTooLarge", "__version__"]
 

@@ -213,6 +213,8 @@ def _cmd_run(a) -> int:
     _positive_float(a.tol, "--tol")
     check_out_path(a.thresholds, "--thresholds")
     system = build_system(a, a.N)
+    for line in system.warnings():
+        print(f"warning: {line}", file=sys.stderr)
     if not a.quiet:
         for line in system.notes():
             note(line)

@@ -231,8 +231,8 @@ def validate(a) -> Plan:
 
 def _rounding_notes(roundings: list[dict], M: int) -> list[str]:
     if len(roundings) <= 2 * M:
-        return [f"model {r['model']} {'co-running ' if r.get('corun') else ''}latency {r['step_latency_ms']:g} ms rounded to {r['rounded_ms']:.6g} ms "
-                f"(relative error {r['relative_error']:+.3g})" for r in roundings]
+        return [f"model {r['model']} {'co-running ' if r.get('corun') else ''}latency {r['step_latency_ms']:g} ms "
+                f"rounded to {r['rounded_ms']:.6g} ms (relative error {r['relative_error']:+.3g})" for r in roundings]
     out = []
     for i in range(M):
         mine = [r for r in roundings if r["model"] == i]
@@ -485,7 +485,12 @@ def _render_table(doc: dict, vectors: bool) -> str:
     else:
         headers, rows = (_exact_vector_table if vectors else _exact_search_table)(results)
     Ls = ", ".join(f"{x:g}" for x in spec["step_latency_ms"])
-    text = f"system: {spec['name']}, M = {len(spec['step_latency_ms'])}, L = ({Ls}) ms, " \
+    co = ""
+    if spec.get("corun_latency") and any(c is not None for c in spec["corun_latency"]):
+        co = ", co-running " + "(" + ", ".join(
+            "-" if c is None else (f"x{c['slowdown']:g}" if "slowdown" in c else "table")
+            for c in spec["corun_latency"]) + ")"
+    text = f"system: {spec['name']}, M = {len(spec['step_latency_ms'])}, L = ({Ls}) ms{co}, " \
            f"delta = {spec['delta_ms']:g} ms\n" + format_table(headers, rows) + "\n"
     if "delta_check" in doc:
         text += _delta_check_table(doc)
@@ -529,6 +534,8 @@ def main_impl(argv=None) -> int:
         check_out_path(a.out)  # before any work
     plan = validate(a)
     speak = fmt == "table" and not a.quiet
+    for line in plan.system.warnings():
+        print(f"warning: {line}", file=sys.stderr)
     if speak:
         for line in plan.system.notes() + _rounding_notes(plan.roundings, plan.system.spec.M):
             note(line)

@@ -9,6 +9,7 @@ Subcommands::
                         [--N N] [--format table|json|csv] [--out FILE]
     tr-autotune measure --p P --L MS MS --N N (--B B0 B1 | --thresholds FILE)
                         [--time-scale X] [--duration-s S] [--warmup-s S] [--format ...] [--out FILE]
+    tr-autotune export r2r --thresholds FILE [--N N] [--format text|json|env] [--out FILE]
 
 ``tr-autotune --spec FILE --N N --thresholds FILE`` (no subcommand) means ``run``.  The system flags are
 ``tr-optimize``'s (:mod:`tr_core.system_args`); the conventions (``--N``, ``--out``, exit codes) are in
@@ -27,7 +28,7 @@ from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias,
 from tr_core.errors import SpecError
 from tr_core.system_args import add_system_args, build_system
 
-SUBCOMMANDS = ("run", "show", "kv-plan", "measure")
+SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export")
 
 
 def build_parser() -> Parser:
@@ -37,11 +38,12 @@ def build_parser() -> Parser:
                epilog="Exit codes: 0 ok, 2 bad input, 3 a resource limit, 130 interrupted. "
                       "Conventions: docs/cli-convention.md.")
     add_version(p)
-    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure}")
+    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure,export}")
     _add_run(sub)
     _add_show(sub)
     _add_kv_plan(sub)
     _add_measure(sub)
+    _add_export(sub)
     return p
 
 
@@ -132,6 +134,28 @@ def _add_measure(sub) -> None:
     m.add_argument("--seed", type=int, default=0, help="seed of the routing draws (default 0)")
     m.add_argument("--no-predict", action="store_true", help="skip the chain's prediction")
     add_output_args(m)
+
+
+def _add_export(sub) -> None:
+    e = sub.add_parser("export", help="a thresholds file as a real server's launch arguments (R2R)",
+                       description="Turn a thresholds file into the launch arguments of a serving system.")
+    targets = e.add_subparsers(dest="target", parser_class=Parser, metavar="{r2r}")
+    r = targets.add_parser("r2r", help="--slm-min-batch-size / --llm-min-batch-size lists for R2R's launcher",
+                           description="Print R2R's launch flags --slm-min-batch-size and --llm-min-batch-size "
+                           "(script/inference/launch_r2r_server.py): comma lists with one entry per N = 1..the "
+                           "server's maximum concurrency, entry N-1 = B*(N) of model 0 (R2R's small 'quick' "
+                           "model) and of model 1 (its large 'reference' model). R2R's large model does not "
+                           "clamp N to the list, so every N the server can reach must have a row: a table that "
+                           "does not cover --N is refused. Extrapolated, certified and local rows "
+                           "are named on stderr (in the document with --format json).")
+    r.add_argument("--thresholds", required=True, metavar="FILE.json", help="thresholds file (tr-autotune run) "
+                   "of a two-model system: model 0 small, model 1 large")
+    r.add_argument("--N", type=int, metavar="N", help="the server's maximum concurrency: most requests it will "
+                   "hold at once (the clients' concurrency); the lists cover N = 1..this (default: the file's "
+                   "max_concurrency)")
+    deprecated_alias(r, "--max-concurrency", "--N")
+    add_output_args(r, ("text", "json", "env"), default="text")
+    r.add_argument("--quiet", action="store_true", help="no notes on stderr")
 
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -350,14 +374,44 @@ def _measure_text(doc: dict, r, M: int, fmt: str) -> str:
             f"{100 * (r.relative_timer_noise or 0):.2f}%\n" + format_table(headers, rows) + "\n")
 
 
+def _export_text(args, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(args.to_dict(), indent=1) + "\n"
+    if fmt == "env":
+        return (f"R2R_SLM_MIN_BATCH_SIZE={args.slm_arg}\nR2R_LLM_MIN_BATCH_SIZE={args.llm_arg}\n"
+                f"R2R_MAX_CONCURRENCY={args.max_concurrency}\n"
+                f"R2R_MIN_BATCH_SIZE_ARGS='{' '.join(args.argv())}'\n")
+    return " ".join(args.argv()) + "\n"
+
+
+def _cmd_export(a) -> int:
+    from tr_model.export import r2r_launch_args
+    from tr_model.thresholds import ThresholdTable
+    if a.target != "r2r":
+        raise SpecError("export needs a target: tr-autotune export r2r --thresholds FILE")
+    _positive_int(a.N, "--N")
+    fmt = output_format(a)
+    table = ThresholdTable.load(a.thresholds)
+    args = r2r_launch_args(table, a.N)
+    if not a.quiet:
+        for line in args.provenance_lines():
+            note(line)
+        if args.max_concurrency == 1:
+            note("with one entry R2R reads each flag as an int (its large model then ignores it); B*(1) = (1, 1) "
+                 "is eager anyway")
+    emit(_export_text(args, fmt), a.out)
+    return 0
+
+
 def main_impl(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv  # the short form: tr-autotune --spec FILE --N N --thresholds FILE
     a = build_parser().parse_args(argv)
-    commands = {"run": _cmd_run, "show": _cmd_show, "kv-plan": _cmd_kv_plan, "measure": _cmd_measure}
+    commands = {"run": _cmd_run, "show": _cmd_show, "kv-plan": _cmd_kv_plan, "measure": _cmd_measure,
+                "export": _cmd_export}
     if a.command not in commands:
-        raise SpecError("a subcommand is required: run, show, kv-plan or measure (see tr-autotune --help)")
+        raise SpecError("a subcommand is required: run, show, kv-plan, measure or export (see tr-autotune --help)")
     return commands[a.command](a)
 
 

@@ -180,6 +180,49 @@ def apply_record(key, step, model, nxt, tokens, mcap,
 
 
 @njit(cache=True)
+def apply_token_sources(offsets, first_steps, is_ref, start, mcap,
+                        tkeys, tstate, tstep, tnext, tage, tn0, tx0,
+                        counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out):
+    """Fold per-token model choices of two-model requests (R2R's records) into the statistics.
+
+    Request r owns tokens ``offsets[r]:offsets[r+1]`` of ``is_ref``; its chain steps are, per token, one
+    step on model 0 committing it (``is_ref`` false, decision 0), or one step on model 0 committing nothing
+    (decision 1) followed by one step on model 1 committing it (decision 0); then an end line
+    (``next_model = -1``, 1 token for ``final_acc``).  Request keys are the request indices; steps start at
+    ``first_steps[r]``.  Returns the index of the first request not applied: ``n`` when done, ``r`` when
+    the table must grow first (request r untouched: only its first step can need a slot); a negative value
+    ``-code`` for an ERR_* code (cannot happen for well-formed input).
+    """
+    n = offsets.shape[0] - 1
+    for r in range(start, n):
+        step = first_steps[r]
+        for t in range(offsets[r], offsets[r + 1]):
+            if is_ref[t]:
+                code = apply_record(r, step, 0, 1, 0.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
+                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+                if code == -1:
+                    return r
+                if code != 0:
+                    return -code
+                step += 1
+                code = apply_record(r, step, 1, 0, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
+                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+            else:
+                code = apply_record(r, step, 0, 0, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
+                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+                if code == -1:
+                    return r
+            if code != 0:
+                return -code
+            step += 1
+        code = apply_record(r, step, 0, -1, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
+                            counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+        if code != 0:
+            return -code
+    return n
+
+
+@njit(cache=True)
 def finish_all(tstate, tn0, tx0, esc_acc, esc_hist):
     """At end of trace: fold the requests still in flight into the escalation statistics."""
     for s in range(tstate.shape[0]):

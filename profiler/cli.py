@@ -164,6 +164,28 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--name", default="profiled", help="spec name (default 'profiled')")
 
 
+def _trace_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-format", choices=("tokenrouter", "r2r"), default="tokenrouter",
+                   help="tokenrouter: this project's routing trace (one line per step, docs/formats.md); r2r: R2R's "
+                        "per-token records (GenerationRecorder.to_dataframe(): source_model quick|reference, "
+                        "position), mapped onto two models (docs/profiler.md) (default tokenrouter)")
+
+
+def _estimate(a: argparse.Namespace, n_models: int | None):
+    """Estimate P and C from --trace in --trace-format."""
+    from profiler.routing import estimate_routing
+    traces = list(a.trace)
+    if a.trace_format == "r2r":
+        from profiler.r2r import estimate_r2r_routing
+        if n_models not in (None, 2):
+            raise SpecError(f"R2R records describe two models (small, large); --models is {n_models}")
+        return estimate_r2r_routing(traces, alpha=getattr(a, "alpha", 0.05))
+    if len(traces) > 1:
+        raise SpecError("several --trace files are read with --trace-format r2r; a routing trace is one file "
+                        "(concatenate them, with distinct request ids)")
+    return estimate_routing(traces[0], n_models=n_models, alpha=getattr(a, "alpha", 0.05))
+
+
 def _run_dir(base: str, kind: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = os.path.join(base, f"{stamp}-{kind}")
@@ -324,7 +346,7 @@ def _spec_from(est, a, profiles=None, extra=None):
 
 
 def cmd_routing(a: argparse.Namespace) -> int:
-    from profiler.routing import estimate_routing, json_safe, routing_provenance
+    from profiler.routing import json_safe, routing_provenance
     from tr_core.spec import spec_to_dict
 
     fmt = output_format(a)
@@ -334,10 +356,13 @@ def cmd_routing(a: argparse.Namespace) -> int:
         raise SpecError("give either --L or --latency-profile, not both")
     if a.models is not None and not 1 <= a.models <= 64:
         raise SpecError(f"--models must be in 1..64, got {a.models}")
-    est = estimate_routing(a.trace, n_models=a.models, alpha=a.alpha)
+    est = _estimate(a, a.models)
     rows, lines = _routing_summary(est)
+    if a.trace_format == "r2r":
+        lines.insert(0, f"R2R records: {est.lines} tokens in {est.final_steps} requests from {len(a.trace)} file(s); a "
+                        f"reference token = a small-model step whose token is discarded + a large-model step")
     if a.L is not None or a.latency_profile:
-        spec = _spec_from(est, a)
+        spec = _spec_from(est, a, extra={"trace_format": a.trace_format} if a.trace_format == "r2r" else None)
         doc = spec_to_dict(spec)
         lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms))
     else:
@@ -464,8 +489,14 @@ def cmd_system(a: argparse.Namespace) -> int:
                         "or pass --allow-mixed")
     sizes = _batch_sizes(a.batch_sizes)
     _delta(a.delta_ms)
-    if a.trace and not os.path.exists(a.trace):
-        raise SpecError(f"--trace {a.trace!r} does not exist")
+    for t in a.trace or ():
+        if not os.path.exists(t):
+            raise SpecError(f"--trace {t!r} does not exist")
+    if a.trace and len(a.trace) > 1 and a.trace_format != "r2r":
+        raise SpecError("several --trace files are read with --trace-format r2r; a routing trace is one file")
+    if a.trace_format == "r2r" and not a.trace:
+        raise SpecError("--trace-format r2r needs --trace FILE (R2R's records); --prompts records this project's "
+                        "format")
     for p in paths:
         if not os.path.exists(p):
             raise SpecError(f"--model {p!r} does not exist (a model folder or a config.json file)")
@@ -484,7 +515,6 @@ def cmd_system(a: argparse.Namespace) -> int:
 
 def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
     from profiler.latency import load_model, profile_latency
-    from profiler.routing import estimate_routing
     from tr_core.fileio import atomic_write
     from tr_core.spec import save_spec, spec_to_dict
 
@@ -492,6 +522,8 @@ def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
     if paths:
         _set_threads(a)
     extra: dict = {"run_dir": run_dir}
+    if a.trace:
+        extra["trace_format"] = a.trace_format
     trace = a.trace
     if not trace:
         models, names = _load_models(paths, dtype, device, a.seed)
@@ -501,7 +533,8 @@ def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
                               "steps": res.steps, "max_new_tokens": a.max_new_tokens, "models": names}
         del models
         _say(a, f"recorded {res.steps} steps into {trace}")
-    est = estimate_routing(trace, n_models=max(2, len(paths) or len(a.latency_profile)))
+        a.trace, a.trace_format = [trace], "tokenrouter"
+    est = _estimate(a, max(2, len(paths) or len(a.latency_profile)))
     if not profiles:
         for k, path in enumerate(paths):
             is_dir = os.path.isdir(path)
@@ -557,7 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Stream a routing trace; estimate P, C, test geometric runs.  With latencies "
                                    "(--L or --latency-profile) the JSON output is a spec for 'tr-optimize --spec'.  "
                                    "Does not import torch.")
-    q.add_argument("--trace", required=True, help="routing trace (JSONL, optionally .gz)")
+    q.add_argument("--trace", required=True, nargs="+", action="extend", metavar="FILE",
+                   help="routing trace (JSONL, optionally .gz); with --trace-format r2r one or more files of "
+                        "R2R per-token records (CSV, JSON lines or Parquet; one file per request, or a request_id "
+                        "column)")
+    _trace_format_arg(q)
     q.add_argument("--models", type=int, default=None, help="number of models M (default: from the trace)")
     q.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
     add_list_arg(q, "--L", metavar="MS", help="step latency L_i of each model in ms, e.g. --L 6 27.9")
@@ -582,7 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the spec (kept in the run folder unless --out receives it).")
     q.add_argument("--model", "--config", nargs="+", action="extend", default=[], dest="model",
                    help="model folders or config.json files in model order")
-    q.add_argument("--trace", help="routing trace JSONL (else record one with --prompts/--policy)")
+    q.add_argument("--trace", nargs="+", action="extend", metavar="FILE",
+                   help="routing trace JSONL, or R2R records with --trace-format r2r (else record one with "
+                        "--prompts/--policy)")
+    _trace_format_arg(q)
     _route_run_args(q)
     _latency_args(q, ["1", "2", "4", "8"])
     _model_args(q)

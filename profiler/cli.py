@@ -1,7 +1,7 @@
 """``tr-profile``: measure L_i(b), estimate P and C from routing traces, assemble system specs.
 
-Subcommands: ``latency``, ``routing``, ``route-run``, ``system``, ``roofline``
-(see ``docs/profiler.md``).  Built on the shared plumbing of :mod:`tr_core.cli`
+Subcommands: ``latency``, ``routing``, ``route-run``, ``system``, ``roofline``,
+``serve-bench`` (see ``docs/profiler.md``).  Built on the shared plumbing of :mod:`tr_core.cli`
 and its convention (``docs/cli-convention.md``): bad input is one ``error:``
 line and exit 2, Ctrl-C exit 130, lists are space-separated, ``--out FILE``
 writes what stdout would get to FILE instead (the format from ``--format`` or
@@ -564,6 +564,94 @@ def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
 
 
 # ----------------------------------------------------------------------------
+# serve-bench
+
+def _num(x: Any, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def cmd_serve_bench(a: argparse.Namespace) -> int:
+    from profiler import serve_bench as sb
+    Ns = parse_int_ranges(a.N, "--N", lo=1)
+    if len(Ns) > 64:
+        raise SpecError(f"--N: {len(Ns)} concurrencies asked, at most 64 in one run")
+    if Ns.max > sb.MAX_CLIENTS:
+        raise sb.LimitError(f"--N {Ns.max}: at most {sb.MAX_CLIENTS} concurrent clients (one thread each)")
+    for flag, v, zero in (("--duration-s", a.duration_s, False), ("--warmup-s", a.warmup_s, True),
+                          ("--request-timeout-s", a.request_timeout_s, False),
+                          ("--connect-timeout-s", a.connect_timeout_s, False)):
+        if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+            raise SpecError(f"{flag} must be {'>=' if zero else '>'} 0, got {v:g}")
+    if a.time_scale is not None and not (math.isfinite(a.time_scale) and a.time_scale > 0):
+        raise SpecError(f"--time-scale must be > 0, got {a.time_scale:g}")
+    _check_int(a.max_tokens, "--max-tokens", 1)
+    _check_int(a.prompt_words, "--prompt-words", 1)
+    _check_int(a.max_retries, "--max-retries", 0)
+    _check_int(a.slices, "--slices", 1)
+    fmt = output_format(a)
+    if a.out:
+        check_out_path(a.out)
+    predicted = sb.load_predicted(a.predicted, list(Ns)) if a.predicted else None
+    scheme, host, port, base = sb.parse_target(a.url)
+    t = sb.Target(scheme, host, port, base, a.endpoint, a.model or "default", a.max_tokens, not a.no_ignore_eos,
+                  a.connect_timeout_s, a.request_timeout_s)
+    info = sb.probe(t, min(a.request_timeout_s, max(a.connect_timeout_s, 10.0)))
+    if a.model is None and "model" in info:
+        t = sb.Target(**{**t.__dict__, "model": info["model"]})
+    scale = a.time_scale
+    if scale is None:
+        scale = info.get("time_scale", 1.0)
+        if scale != 1.0:
+            _warn(a, f"the server reports time_scale {scale:g}: measured rates are multiplied by it (model time)")
+    results = []
+    for n in Ns:
+        _say(a, f"N = {n}: {a.warmup_s:g} s warm-up + {a.duration_s:g} s window")
+        r = sb.run_phase(t, n, warmup_s=a.warmup_s, duration_s=a.duration_s, max_retries=a.max_retries,
+                         slices=a.slices, time_scale=scale, prompt_words=a.prompt_words, seed=a.seed,
+                         on_progress=lambda m: _say(a, m))
+        row = r.as_dict()
+        if predicted:
+            p = predicted[n]
+            row["predicted_tok_s"] = p["predicted_tok_s"]
+            row["B"] = p["B"]
+            row["ratio"] = r.throughput_tok_s / p["predicted_tok_s"] if p["predicted_tok_s"] > 0 else None
+        results.append(row)
+    doc = {"schema_version": 1, "format": "tokenrouter-serve-bench", "url": t.url, "endpoint": t.endpoint,
+           "model": t.model, "max_tokens": a.max_tokens, "warmup_s": a.warmup_s, "duration_s": a.duration_s,
+           "time_scale": scale, "predicted_file": a.predicted,
+           "server_health": info.get("health"), "results": results}
+    emit(_serve_bench_text(doc, fmt), a.out)
+    return 0
+
+
+def _serve_bench_text(doc: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=1) + "\n"
+    pred = doc["predicted_file"] is not None
+    headers = ["N", "requests", "retries", "measured_tok_s", "ci95_tok_s", "per_request_tok_s", "per_request_ci95",
+               "latency_s", "llm_ratio", "idle", "load_avg"]
+    if pred:
+        headers += ["B", "predicted_tok_s", "ratio"]
+    rows = []
+    for r in doc["results"]:
+        row = [r["N"], r["window_requests"], r["retries"], _num(r["throughput_tok_s"]),
+               _num(r["throughput_ci95_tok_s"]), _num(r["per_request_tok_s"]), _num(r["per_request_ci95_tok_s"]),
+               _num(r["mean_latency_s"], 3), _num(r["llm_ratio"], 4), _num(r["client_idle_fraction"], 4),
+               _num(r["load_average"][1])]
+        if pred:
+            B = r.get("B")
+            row += [" ".join(map(str, B)) if isinstance(B, list) else "-", _num(r["predicted_tok_s"]),
+                    "-" if r.get("ratio") is None else f"{r['ratio']:.3f}x"]
+        rows.append(row)
+    if fmt == "csv":
+        return to_csv(headers, rows)
+    head = (f"{doc['url']} ({doc['endpoint']}, model {doc['model']}), max_tokens {doc['max_tokens']}, "
+            f"{doc['warmup_s']:g} s warm-up + {doc['duration_s']:g} s window per N, rates x{doc['time_scale']:g} "
+            f"(time scale); 95% intervals; idle = clients' time between requests\n")
+    return head + format_table(headers, rows) + "\n"
+
+
+# ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="tr-profile",
@@ -571,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
     add_version(p)
     sub = p.add_subparsers(dest="command", parser_class=Parser,
-                           metavar="{latency,routing,route-run,system,roofline}")
+                           metavar="{latency,routing,route-run,system,roofline,serve-bench}")
 
     q = sub.add_parser("latency", help="per-step latency of one model over batch sizes (decode or extend)",
                        description="Time one model's decoding step for each batch size; the JSON output is the "
@@ -642,6 +730,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory bandwidth in GB/s (default: the spec-sheet figure of the profile's device)")
     _common_args(q, run_dir=False)
     q.set_defaults(func=cmd_roofline)
+
+    q = sub.add_parser("serve-bench", help="closed-loop benchmark of a live OpenAI-compatible server vs prediction",
+                       description="Keep exactly N requests in flight against an OpenAI-compatible server (each "
+                                   "client sends its next request when its previous one returns), for each N: "
+                                   "warm-up, a measured window, then the requests in flight are drained. Reports "
+                                   "total output tokens/s (95%% interval by batch means), per-request tokens/s "
+                                   "(95%% interval), llm_ratio when the server reports it, and with --predicted "
+                                   "the prediction beside the measurement. Works against tr-autotune serve, R2R, "
+                                   "SGLang and vLLM (usage.completion_tokens). Does not import torch.")
+    q.add_argument("--url", required=True, help="server address, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
+                   "accepted)")
+    q.add_argument("--N", nargs="+", required=True, metavar="N", help="concurrencies to measure (requests in "
+                   "flight), values or ranges, e.g. --N 1 2 4 8 16")
+    q.add_argument("--duration-s", type=float, default=60.0, metavar="S", help="measured window per N, wall-clock "
+                   "seconds (default 60)")
+    q.add_argument("--warmup-s", type=float, default=10.0, metavar="S", help="warm-up per N before the window, "
+                   "wall-clock seconds (default 10)")
+    q.add_argument("--endpoint", choices=("chat", "completions"), default="chat", help="POST /v1/chat/completions "
+                   "(default) or /v1/completions")
+    q.add_argument("--model", help="model name sent with each request (default: the first of the server's "
+                   "/v1/models, else 'default')")
+    q.add_argument("--max-tokens", type=int, default=128, metavar="T", help="max_tokens of every request (default "
+                   "128); ignore_eos is sent too, so servers that know it generate exactly T")
+    q.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos: true")
+    q.add_argument("--prompt-words", type=int, default=16, metavar="W", help="words per generated prompt "
+                   "(default 16)")
+    q.add_argument("--request-timeout-s", type=float, default=300.0, metavar="S", help="longest a request may take, "
+                   "seconds (default 300); a request over it is cut and retried")
+    q.add_argument("--connect-timeout-s", type=float, default=5.0, metavar="S", help="connection timeout, seconds "
+                   "(default 5)")
+    q.add_argument("--max-retries", type=int, default=3, metavar="K", help="retries per request after a "
+                   "connection error, timeout, HTTP 408/429/5xx or malformed answer (default 3); then the "
+                   "benchmark stops with an error")
+    q.add_argument("--slices", type=int, default=10, metavar="K", help="most batch-means slices of the window "
+                   "(default 10; fewer when a slice would be shorter than two request lifetimes)")
+    q.add_argument("--time-scale", type=float, metavar="X", help="multiply measured rates by X (the server runs X "
+                   "times slower than the model; default: the time_scale the server's /health reports, else 1)")
+    q.add_argument("--predicted", metavar="FILE.json", help="thresholds file (tr-autotune run) or tr-optimize JSON: "
+                   "predicted tokens/s per N beside the measurement, with the ratio; must cover every --N")
+    q.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
+    q.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    add_output_args(q)
+    q.set_defaults(func=cmd_serve_bench)
     return p
 
 
@@ -649,7 +780,7 @@ def main_impl(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if not getattr(a, "func", None):
-        parser.error("choose a subcommand: latency, routing, route-run, system or roofline")
+        parser.error("choose a subcommand: latency, routing, route-run, system, roofline or serve-bench")
     for flag in ("context", "extend_tokens", "steps", "warmup_steps", "max_new_tokens"):
         if hasattr(a, flag):
             _check_int(getattr(a, flag), "--" + flag.replace("_", "-"), 1 if flag == "steps" else 0)

@@ -10,6 +10,8 @@ Subcommands::
     tr-autotune measure --p P --L MS MS --N N (--B B0 B1 | --thresholds FILE)
                         [--time-scale X] [--duration-s S] [--warmup-s S] [--format ...] [--out FILE]
     tr-autotune export r2r --thresholds FILE [--N N] [--format text|json|env] [--out FILE]
+    tr-autotune serve   (--thresholds FILE | --eager --N N) [system flags] [--host H] [--port P]
+                        [--executor emulated|torch] [--time-scale X] [--config FILE...]
 
 ``tr-autotune --spec FILE --N N --thresholds FILE`` (no subcommand) means ``run``.  The system flags are
 ``tr-optimize``'s (:mod:`tr_core.system_args`); the conventions (``--N``, ``--out``, exit codes) are in
@@ -28,7 +30,7 @@ from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias,
 from tr_core.errors import SpecError
 from tr_core.system_args import add_system_args, build_system
 
-SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export")
+SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export", "serve")
 
 
 def build_parser() -> Parser:
@@ -38,12 +40,13 @@ def build_parser() -> Parser:
                epilog="Exit codes: 0 ok, 2 bad input, 3 a resource limit, 130 interrupted. "
                       "Conventions: docs/cli-convention.md.")
     add_version(p)
-    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure,export}")
+    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure,export,serve}")
     _add_run(sub)
     _add_show(sub)
     _add_kv_plan(sub)
     _add_measure(sub)
     _add_export(sub)
+    _add_serve(sub)
     return p
 
 
@@ -156,6 +159,54 @@ def _add_export(sub) -> None:
     deprecated_alias(r, "--max-concurrency", "--N")
     add_output_args(r, ("text", "json", "env"), default="text")
     r.add_argument("--quiet", action="store_true", help="no notes on stderr")
+
+
+def _add_serve(sub) -> None:
+    s = sub.add_parser("serve", help="serve the reference runtime behind an OpenAI-compatible HTTP API",
+                       description="Run the reference runtime (delayed batching with the thresholds row of the live "
+                       "number of in-flight requests, re-read when the file is replaced) behind /v1/completions, "
+                       "/v1/chat/completions, /health and /v1/models; responses carry usage.completion_tokens and "
+                       "llm_ratio (fraction of tokens committed by the last model). The system comes from the "
+                       "system flags or else from the thresholds file's spec. SIGTERM or Ctrl-C: stop accepting, "
+                       "finish in-flight requests (up to --shutdown-timeout-s), exit 0. Needs starlette and "
+                       "uvicorn (the 'serve' extra).")
+    add_system_args(s)
+    th = s.add_argument_group("thresholds")
+    g = th.add_mutually_exclusive_group(required=True)
+    g.add_argument("--thresholds", metavar="FILE.json", help="thresholds file (tr-autotune run); looked up with the "
+                   "number of requests in flight, re-read when replaced")
+    g.add_argument("--eager", action="store_true", help="no delayed batching (every B_i = 1): the baseline")
+    th.add_argument("--N", type=int, metavar="N", help="largest number of requests in flight at once; more wait for "
+                    "admission (default: the thresholds file's N; required with --eager)")
+    th.add_argument("--check-interval-s", type=float, default=1.0, metavar="S", help="how often the thresholds "
+                    "file's modification time is checked, seconds (default 1)")
+    h = s.add_argument_group("HTTP")
+    h.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    h.add_argument("--port", type=int, default=8000, metavar="P", help="TCP port (default 8000; 0 picks a free "
+                   "one); a port in use is an error")
+    h.add_argument("--model-name", default="tokenrouter", help="model name reported by /v1/models and in "
+                   "responses (default tokenrouter)")
+    h.add_argument("--default-max-tokens", type=int, default=256, metavar="T", help="output tokens of a request "
+                   "that gives no max_tokens (default 256)")
+    h.add_argument("--shutdown-timeout-s", type=float, default=10.0, metavar="S", help="on SIGTERM/Ctrl-C, how "
+                   "long in-flight requests may still finish, seconds (default 10)")
+    h.add_argument("--access-log", action="store_true", help="log every HTTP request on stderr")
+    h.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    e = s.add_argument_group("executor")
+    e.add_argument("--executor", choices=("emulated", "torch"), default="emulated", help="emulated: every step "
+                   "sleeps L_i(b) * --time-scale (default); torch: Qwen3 models with random weights from --config")
+    e.add_argument("--time-scale", type=float, default=1.0, metavar="X", help="emulated: every step lasts L_i(b) "
+                   "times this (default 1: the spec's own latencies); /health reports it")
+    e.add_argument("--seed", type=int, default=0, help="seed of the routing draws (request k uses (seed, k)) and of "
+                   "the torch executor's weights (default 0)")
+    e.add_argument("--config", nargs="+", metavar="CONFIG.json", help="torch: one Qwen3 config.json per model, in "
+                   "model order (model 0 = the entry/small model)")
+    e.add_argument("--device", default="auto", help="torch: auto (cuda when available), cpu, cuda or cuda:K")
+    e.add_argument("--dtype", choices=("auto", "fp32", "fp16", "bf16"), default="auto", help="torch: weights and "
+                   "activations (auto: bf16 on CUDA, fp32 on CPU)")
+    e.add_argument("--max-len", type=int, default=1024, metavar="TOKENS", help="torch: cache length per request, "
+                   "prompt + output tokens (default 1024)")
+    e.add_argument("--no-graphs", action="store_true", help="torch: no CUDA graphs (eager steps)")
 
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -403,15 +454,117 @@ def _cmd_export(a) -> int:
     return 0
 
 
+def _serve_thresholds(a):
+    """(thresholds object, spec document of the file or None, label, max concurrency of the file or None)."""
+    from tr_model.thresholds import ThresholdTable, WatchedThresholds
+    if a.eager:
+        if a.N is None:
+            raise SpecError("--eager needs --N, the largest number of requests in flight")
+        return None, None, "eager", None
+    table = ThresholdTable.load(a.thresholds)
+    with open(a.thresholds, "r", encoding="utf-8") as f:
+        spec_doc = json.load(f).get("spec")
+    watched = WatchedThresholds(a.thresholds, check_interval_s=a.check_interval_s)
+    why = _why_partial(table)
+    if why and not a.quiet:
+        note(why)
+    return watched, spec_doc, f"file {a.thresholds}", table.max_concurrency
+
+
+def _serve_spec(a, spec_doc):
+    given = a.spec or a.p is not None or a.L or a.weights or a.algo
+    if given or spec_doc is None:
+        return build_system(a, a.N).spec
+    from tr_core.spec import spec_from_dict
+    return spec_from_dict(spec_doc, where=f"{a.thresholds}: spec")
+
+
+def _torch_serve_executor(a, spec, n_slots: int):
+    try:
+        import torch
+        from tr_model.runtime.torch_executor import SlotModel, TorchExecutor, load_shape, random_weights
+    except ImportError as e:
+        raise SpecError(f"--executor torch needs torch ({e.name} is missing): pip install "
+                        "'tokenrouter-model[profile]'") from None
+    if not a.config or len(a.config) != spec.M:
+        raise SpecError(f"--executor torch needs --config with one config.json per model (M = {spec.M})")
+    _positive_int(a.max_len, "--max-len", lo=2)
+    device = a.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
+        a.dtype if a.dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")]
+    models = []
+    for k, path in enumerate(a.config):
+        try:
+            shape = load_shape(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpecError(f"--config {path}: not a readable Qwen3 config.json ({type(e).__name__}: {e})") from None
+        w = random_weights(shape, device=device, dtype=dtype, seed=a.seed + k)
+        models.append(SlotModel(shape, w, n_slots=n_slots, max_len=a.max_len, device=device, dtype=dtype,
+                                cuda_graphs=False if a.no_graphs else None, name=f"model{k}"))
+    ex = TorchExecutor(models)
+    from collections import deque
+    ex.step_log = deque(maxlen=10_000)  # a long-running server keeps only the recent steps
+    return ex
+
+
+def _cmd_serve(a) -> int:
+    from tr_model import serve
+    from tr_model.runtime import EmulatedExecutor, FixedThresholds
+    serve.require_http_stack()
+    _positive_int(a.N, "--N")
+    _positive_int(a.default_max_tokens, "--default-max-tokens")
+    _positive_float(a.time_scale, "--time-scale")
+    _positive_float(a.check_interval_s, "--check-interval-s")
+    _positive_float(a.shutdown_timeout_s, "--shutdown-timeout-s", zero_ok=True)
+    if not 0 <= a.port <= 65535:
+        raise SpecError(f"--port must be in 0..65535, got {a.port}")
+    if a.executor == "emulated" and a.config:
+        raise SpecError("--config is for --executor torch")
+    thresholds, spec_doc, label, file_N = _serve_thresholds(a)
+    spec = _serve_spec(a, spec_doc)
+    if thresholds is None:
+        thresholds = FixedThresholds((1,) * spec.M)
+    elif thresholds.num_models != spec.M:
+        raise SpecError(f"--thresholds has {thresholds.num_models} models, the system has {spec.M}")
+    N = a.N or file_N
+    if file_N is not None and N > file_N and not a.quiet:
+        note(f"--N {N} is above the thresholds file's N = {file_N}: above it the last row applies")
+    if a.executor == "torch":
+        ex = _torch_serve_executor(a, spec, N)
+        max_total = a.max_len
+    else:
+        ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
+        max_total = None
+    service = serve.RuntimeService(spec, thresholds, ex, max_concurrency=N, seed=a.seed, model_name=a.model_name,
+                                   executor_name=a.executor, max_total_tokens=max_total,
+                                   default_max_tokens=a.default_max_tokens, thresholds_label=label)
+
+    def announce(url: str) -> None:
+        if not a.quiet:
+            sys.stdout.write(f"serving {spec.M} models ({a.executor} executor, time scale "
+                             f"{getattr(ex, 'time_scale', 1.0):g}, thresholds: {label}, up to N = {N} in flight) "
+                             f"on {url}\n")
+            sys.stdout.flush()
+
+    stopped_by = serve.serve(service, a.host, a.port, shutdown_timeout_s=a.shutdown_timeout_s,
+                             access_log=a.access_log, announce=announce)
+    if not a.quiet:
+        note(f"stopped ({stopped_by or 'server exit'}); {service.completed} requests served")
+    return 0
+
+
 def main_impl(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv  # the short form: tr-autotune --spec FILE --N N --thresholds FILE
     a = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "show": _cmd_show, "kv-plan": _cmd_kv_plan, "measure": _cmd_measure,
-                "export": _cmd_export}
+                "export": _cmd_export, "serve": _cmd_serve}
     if a.command not in commands:
-        raise SpecError("a subcommand is required: run, show, kv-plan, measure or export (see tr-autotune --help)")
+        raise SpecError("a subcommand is required: run, show, kv-plan, measure, export or serve (see tr-autotune "
+                        "--help)")
     return commands[a.command](a)
 
 

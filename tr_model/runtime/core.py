@@ -79,6 +79,7 @@ class Request:
     prompt_len: int = 0
     trace_pos: int = -1          # position in a replayed routing trace (TraceRouter), -1 before the first step
     executor_state: dict = field(default_factory=dict)  # per-model cache bookkeeping of the executor
+    committed_by_model: dict = field(default_factory=dict)  # model index -> tokens committed by its steps
 
 
 class MatrixRouter:
@@ -231,6 +232,7 @@ class Subserver:
                 j, c = rt.router.route(i, r, tok)
                 if c > 0:
                     r.committed += c
+                    r.committed_by_model[i] = r.committed_by_model.get(i, 0.0) + c
                     if tok is not None:
                         r.token_ids.append(int(tok))
                     rt.record_commit(c, t1)

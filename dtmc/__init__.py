@@ -16,13 +16,13 @@ from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATE
                         Chain, DTMCError,
                         StateLimitExceeded, build_chain, state_bound)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
-from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, StationaryResult, bound_error,
-                        closed_classes, gth, residual, stationary_distribution, throughput_bound)
+from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
+                        bound_error, closed_classes, gth, residual, stationary_distribution, throughput_bound)
 
 __all__ = [
-    "Chain", "DTMCError", "StateLimitExceeded", "StationaryResult", "ChainSolution",
+    "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
     "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
-    "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain",
+    "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain", "proven_ok",
     "bound_error", "throughput_bound", "gth", "ACCURACY_TARGET", "ACCURACY_TOL",
     "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
 ]
@@ -56,12 +56,17 @@ class ChainSolution:
 
     @property
     def accuracy_ok(self) -> bool:
-        """Whether the throughput is bounded within ``ACCURACY_TOL`` (1e-6) relative."""
-        return bool(self.throughput_error_bound <= ACCURACY_TOL)
+        """Whether the throughput is *proven* within ``ACCURACY_TOL`` (1e-6) relative (an estimate never is)."""
+        return proven_ok(self.throughput_error_bound, self.bound_method)
 
     @property
     def seconds(self) -> float:
         return self.build_seconds + self.assembly_seconds + self.solve_seconds
+
+
+def proven_ok(throughput_error_bound: float, bound_method: str) -> bool:
+    """``accuracy_ok``: a proven bound (not an ``estimate: ...``) of at most ``ACCURACY_TOL``."""
+    return bool(throughput_error_bound <= ACCURACY_TOL and not str(bound_method).startswith("estimate"))
 
 
 def _ratio_bound(pi, err, log_bound, g, tau, n) -> float:

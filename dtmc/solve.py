@@ -101,6 +101,20 @@ GTH_CHEAP_WORK = 2e8
 GTH_CHEAP_NNZ = 300_000   # above this many transitions the cheap re-solve is not even planned
 GTH_MAX_WORK = 2e10
 GTH_MAX_BYTES = 2 * 2**30
+# skyline bytes per stored entry: the double elimination keeps 2 x 8, the extended-exponent one (used
+# when the first underflows) 2 x (8 + 4)
+GTH_BYTES_PER_ENTRY = 24
+
+
+class SolveFailed(RuntimeError):
+    """A valid chain whose stationary solve failed or hit a resource limit (not bad input).
+
+    ``advice`` says what to do (another solver, a looser tolerance, a coarser grid).
+    """
+
+    def __init__(self, message: str, advice: str = ""):
+        self.advice = advice
+        super().__init__(message + (f"; {advice}" if advice else ""))
 
 
 @dataclass(frozen=True)
@@ -280,76 +294,115 @@ def _residual_tt(TT, pi) -> float:
     return float(K.residual_max(_i64(TT.indptr), _i64(TT.indices), TT.data, pi))
 
 
+GTH_ORDERS = ("breadth-first", "reversed breadth-first", "reverse Cuthill-McKee")
+
+
+def gth_orders(T: sp.csr_matrix) -> list:
+    """The candidate elimination orders: ``[(name, order or None for the states' own), ...]``.
+
+    The states' own order is breadth-first from the initial state; eliminating it *reversed* removes
+    the far states first, while they still have few neighbours left (on R2R chains 20-500x fewer
+    multiply-adds); reverse Cuthill-McKee narrows the band of the symmetrised pattern.
+    """
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    n = T.shape[0]
+    out = [(GTH_ORDERS[0], None)]
+    if n > 2:
+        out.append((GTH_ORDERS[1], np.arange(n - 1, -1, -1, dtype=np.int64)))
+        out.append((GTH_ORDERS[2], reverse_cuthill_mckee((T + T.T).tocsr(), symmetric_mode=True)
+                    .astype(np.int64)))
+    return out
+
+
+def gth_cost(T: sp.csr_matrix, order) -> tuple[float, int]:
+    """``(work, bytes)`` of GTH in ``order``: the ceiling ``sum_k c_k^2`` on its multiply-adds (``c_k``: rows
+    alive at step k of the skyline) and the bytes of the skyline in extended-exponent storage."""
+    A = T if order is None else T[order][:, order].tocsr()
+    work, prof = K.gth_work(K.gth_envelope(_i64(A.indptr), _i64(A.indices)))
+    return float(work), GTH_BYTES_PER_ENTRY * int(prof)
+
+
 def gth_plan(T: sp.csr_matrix, limit: float | None = None) -> tuple[np.ndarray | None, float, int]:
     """Elimination order for GTH and its cost: ``(order or None for the given one, work, bytes)``.
 
-    The states' own (breadth-first) order and reverse Cuthill-McKee of the
-    symmetrised pattern are compared by the multiply-adds of the band each
-    leaves (an upper estimate), and the cheaper one is returned.  With a
-    ``limit``, RCM is tried only when the given order's work is above it but
-    within ``100 * limit`` (RCM rarely gains more, and costs a few passes
-    over the matrix).
+    Breadth-first, reversed breadth-first and reverse Cuthill-McKee orders (:func:`gth_orders`) are
+    compared by the work ceiling of the skyline each leaves (:func:`gth_cost`, a few passes over the
+    matrix each) and the cheapest is returned.  ``limit`` is accepted for compatibility and unused.
     """
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
     T = T.tocsr()
-    work, prof = K.gth_work(K.gth_envelope(_i64(T.indptr), _i64(T.indices)))
-    best = (None, float(work), 16 * int(prof))
-    if T.shape[0] > 2 and (limit is None or limit < work <= 100 * limit):
-        sym = (T + T.T).tocsr()
-        order = reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64)
-        Tp = T[order][:, order].tocsr()
-        work2, prof2 = K.gth_work(K.gth_envelope(_i64(Tp.indptr), _i64(Tp.indices)))
-        if work2 < 0.7 * work:
-            best = (order, float(work2), 16 * int(prof2))
+    best = None
+    for _name, order in gth_orders(T):
+        work, nbytes = gth_cost(T, order)
+        if best is None or work < best[1]:
+            best = (order, work, nbytes)
     return best
 
 
 def gth(T: sp.csr_matrix, plan=None):
     """GTH stationary vector of an irreducible chain: ``(pi, log_bound, how, pi_alt, abs_err)``.
 
-    With ``how == "gth rounding analysis"``: ``log_bound`` bounds
+    The elimination runs in doubles, and again in extended-exponent arithmetic
+    (:func:`dtmc._kernels.gth_solve_scaled`, which cannot underflow) when the
+    double one underflowed; ``how`` then ends with "(extended exponents)".
+    With ``how`` starting "gth rounding analysis": ``log_bound`` bounds
     ``|ln(y_j / pi*_j)|`` for the exact back-substitution ``y`` and
     ``abs_err`` bounds ``|pi_j - y_j|`` (see
     :func:`dtmc._kernels.gth_solve`).  With ``"tree bound"`` (taken when it is
-    smaller, or when underflow voided the rounding analysis): ``log_bound``
-    bounds ``|ln(pi_j / pi*_j)|`` and ``abs_err`` is None.  When neither
-    exists, GTH is run again in a second elimination order and ``pi_alt`` is
-    returned: the caller estimates the error from the two (``how`` then says
-    "estimate").
+    smaller): ``log_bound`` bounds ``|ln(pi_j / pi*_j)|`` and ``abs_err`` is
+    None.  When neither exists, GTH is run again in a second elimination
+    order and ``pi_alt`` is returned: the caller estimates the error from the
+    two (``how`` then says "estimate").  Raises :class:`SolveFailed` when the
+    elimination fails in both arithmetics.
     """
     T = T.tocsr()
-    n = T.shape[0]
     plan = plan if plan is not None else gth_plan(T)
-    pi, a_priori, err = _gth_once(T, plan[0])
+    pi, a_priori, err, scaled = _gth_once(T, plan[0])
     TT = T.T.tocsr()
     TT.sort_indices()
     post = _tree_log_bound(T, TT, pi)
+    tag = " (extended exponents)" if scaled else ""
     if np.isfinite(a_priori):
         l1_priori = float(np.expm1(a_priori) + 2.0 * err.sum())
         if l1_priori <= np.expm1(post):
-            return pi, a_priori, "gth rounding analysis", None, err
+            return pi, a_priori, "gth rounding analysis" + tag, None, err
     if np.isfinite(post):
         return pi, post, "tree bound", None, None
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
-    other = (reverse_cuthill_mckee((T + T.T).tocsr(), symmetric_mode=True).astype(np.int64)
-             if plan[0] is None else None)
-    A = T if other is None else T[other][:, other].tocsr()
-    work, prof = K.gth_work(K.gth_envelope(_i64(A.indptr), _i64(A.indices)))
-    if work > max(GTH_MAX_WORK, 2.0 * plan[1]) or 16 * prof > GTH_MAX_BYTES:
-        return pi, float("inf"), "none (GTH underflow, no second order fits)", None, None
-    pi_alt, _, _ = _gth_once(T, other)
+    # neither bound: a second, independent elimination order for an estimate
+    others = [(gth_cost(T, o), o) for name, o in gth_orders(T)
+              if (o is None) != (plan[0] is None) or (o is not None and not np.array_equal(o, plan[0]))]
+    others = [(c, o) for c, o in others if c[0] <= max(GTH_MAX_WORK, 2.0 * plan[1]) and c[1] <= GTH_MAX_BYTES]
+    if not others:
+        return pi, float("inf"), "none (no GTH bound, no second order fits)", None, None
+    _c, other = min(others, key=lambda t: t[0][0])
+    pi_alt = _gth_once(T, other)[0]
     return pi, float("inf"), "estimate: two GTH orders", pi_alt, None
 
 
 def _gth_once(T, order):
-    """``(pi, log bound of the exact back-substitution or inf after underflow, absolute errors)``."""
+    """``(pi, log bound of the exact back-substitution, absolute errors, extended arithmetic used)``.
+
+    The double elimination first; where it underflows (a reduced-chain entry below the normal range,
+    or an out-sum rounded to 0 on a stiff chain), the extended-exponent one, whose bound always holds.
+    """
     n = T.shape[0]
     A = T if order is None else T[order][:, order].tocsr()
     lo = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
-    status, x, L, _flops, under, err = K.gth_solve(_i64(A.indptr), _i64(A.indices), A.data, lo)
+    ip, ix = _i64(A.indptr), _i64(A.indices)
+    status, x, L, _flops, under, err = K.gth_solve(ip, ix, A.data, lo)
+    scaled = status != K.GTH_OK or under > 0
+    if scaled:
+        status, x, L, _flops, under, err = K.gth_solve_scaled(ip, ix, A.data, lo)
+    elif float(np.expm1(L) + 2.0 * err.sum()) > ACCURACY_TARGET:
+        # the double back-substitution's absolute error terms (2^-1074 / s_k) are loose where out-sums
+        # are near the bottom of the double range: the extended one's relative bound is kept when tighter
+        s2, x2, L2, _f2, _u2, err2 = K.gth_solve_scaled(ip, ix, A.data, lo)
+        if s2 == K.GTH_OK and float(np.expm1(L2) + 2.0 * err2.sum()) < float(np.expm1(L) + 2.0 * err.sum()):
+            x, L, err, scaled = x2, L2, err2, True
     if status != K.GTH_OK:
-        raise DTMCError("GTH elimination met a state with no way out of the states left: the chain is not "
-                        "irreducible (internal error: the recurrent class should be)")
+        what = ("an exponent beyond 2^30" if status == K.GTH_RANGE
+                else "a state with no way out of the states left")
+        raise SolveFailed(f"GTH elimination met {what} on a chain of {n:,} states (internal error: the "
+                          f"recurrent class is irreducible)", "use --solver anderson")
     if order is not None:
         pi = np.empty(n)
         pi[order] = x
@@ -357,7 +410,7 @@ def _gth_once(T, order):
         e[order] = err
     else:
         pi, e = x, err
-    return pi, (float(L) if under == 0 else float("inf")), e
+    return pi, float(L), e, scaled
 
 
 def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: float, max_sweeps: int, x0):
@@ -381,10 +434,12 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         elif res <= max(tol, FLOOR_TOL) * x.max():
             used = "anderson (stopped at the rounding floor)"
         elif solver == "anderson":
-            raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
-                            f"sweeps (relative residual {res / x.max():.3g}); loosen --tol or use solver 'gth'")
+            raise SolveFailed(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
+                              f"sweeps (relative residual {res / x.max():.3g})",
+                              "loosen --tol, or use --solver auto or gth")
         else:
             used = None
+        L = float("inf")
         if used is not None:
             L = _tree_log_bound(T, TT, x)
             tb = throughput_bound(float(np.expm1(L)), n)
@@ -397,9 +452,15 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         else:
             limit = GTH_MAX_WORK
         # auto: the iterate is not bounded tightly enough (or did not converge): GTH where it fits
-        plan = gth_plan(T, limit)
+        plan = gth_plan(T)
         if plan[1] <= limit and plan[2] <= GTH_MAX_BYTES:
-            xg, Lg, how, alt, err = gth(T, plan)
+            try:
+                xg, Lg, how, alt, err = gth(T, plan)
+            except (SolveFailed, MemoryError):
+                if used is None:
+                    raise
+                # GTH failed: the iterate is kept, with its own (loose) bound; nothing is discarded
+                return x, used, it, L, "tree bound", (None, None)
             if alt is None and not np.isfinite(Lg) and used is not None:
                 # no bound and no second GTH order: the iterate is the second, independent solve
                 alt, how = x, "estimate: GTH vs anderson"
@@ -410,17 +471,18 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         if used is not None:
             return x, used, it, L, "tree bound", (None, None)
         if n > DIRECT_FALLBACK_LIMIT:
-            raise DTMCError(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
-                            f"sweeps (relative residual {res / x.max():.3g}) and the chain is too large for "
-                            f"GTH or LU; loosen --tol")
+            raise SolveFailed(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
+                              f"sweeps (relative residual {res / x.max():.3g}), and the chain ({n:,} states) "
+                              f"is too large for GTH (work ceiling {plan[1]:.3g} multiply-adds) or sparse LU",
+                              "loosen --tol, or use a coarser --delta-ms")
         xd = _direct(T)
         return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", (None, None)
     x = _start_vector(n, x0)
     sweeps, res = K.gauss_seidel(_i64(TT.indptr), _i64(TT.indices), TT.data, x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
         return x, "gauss-seidel", int(sweeps), _tree_log_bound(T, TT, x), "tree bound", (None, None)
-    raise DTMCError(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "
-                    f"(residual {res:.3g}); use solver 'gth' or 'auto'")
+    raise SolveFailed(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "
+                      f"(residual {res:.3g})", "loosen --tol, or use --solver auto or gth")
 
 
 def _start_vector(n: int, x0) -> np.ndarray:

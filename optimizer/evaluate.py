@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import dtmc
-from tr_core.errors import SpecError, StateSpaceTooLarge
+from tr_core.errors import SolverFailed, SpecError, StateSpaceTooLarge
 from tr_core.spec import SystemSpec
 
 
@@ -54,8 +54,8 @@ class Evaluation:
 
     @property
     def accuracy_ok(self) -> bool:
-        """Whether the throughput is bounded within ``dtmc.ACCURACY_TOL`` (1e-6) relative."""
-        return bool(self.throughput_error_bound <= dtmc.ACCURACY_TOL)
+        """Whether the throughput is *proven* within ``dtmc.ACCURACY_TOL`` (1e-6) relative (an estimate never is)."""
+        return dtmc.proven_ok(self.throughput_error_bound, self.bound_method)
 
     def to_dict(self) -> dict:
         return {
@@ -127,6 +127,9 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
             f"(the enumeration stopped there; the a-priori ceiling {e.estimate:,} counts every residual "
             f"combination and is usually far above the reachable count); "
             f"lower N, use a coarser --delta-ms, raise --max-states, or use the simulator") from None
+    except dtmc.SolveFailed as e:
+        # a valid chain the solver could not finish (not bad input): exit code 3, with what to do
+        raise SolverFailed(f"N = {N}, B = {Bt}: {e}") from None
     except dtmc.DTMCError as e:
         raise SpecError(str(e)) from None
     seconds = time.perf_counter() - t0

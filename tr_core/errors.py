@@ -44,3 +44,12 @@ class StateSpaceTooLarge(TRError):
     """The reachable state space would exceed the allowed number of states (exit code 3)."""
 
     exit_code = 3
+
+
+class SolverFailed(TRError):
+    """A valid chain whose stationary solve did not converge or hit a solver limit (exit code 3).
+
+    Not bad input: the message says what to do (another ``--solver``, a looser ``--tol``, a coarser grid).
+    """
+
+    exit_code = 3

@@ -67,7 +67,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from tr_core.cli import is_interrupt
-from tr_core.errors import SpecError, StateSpaceTooLarge
+from tr_core.errors import SpecError, StateSpaceTooLarge, TRError
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
                                  canonical_sha256, spec_sha256)
@@ -693,7 +693,7 @@ def _worker_main(job_path: str) -> int:
         code = 130
     except Exception as e:  # noqa: BLE001 - one line in the log, read by the server
         sys.stderr.write(f"error: {_first_line(e)}\n")
-        code = 3 if isinstance(e, StateSpaceTooLarge) else 2
+        code = getattr(e, "exit_code", 2) if isinstance(e, TRError) else 2
     finally:
         if _owns_lock(lock, token):
             for p in (lock, job_path):

@@ -50,3 +50,38 @@ def test_without_cuda_and_without_tiny_it_says_so(tmp_path):
     r = subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+PROBE = os.path.join(ROOT, "benchmarks", "gpu_corun_probe.py")
+
+
+def test_corun_probe_tiny_writes_each_model_alone_and_beside_the_other(tmp_path):
+    out = tmp_path / "probe"
+    r = subprocess.run([sys.executable, PROBE, "--tiny", "--batch-sizes", "1", "3", "--other-batch-sizes", "2",
+                        "--context", "16", "--steps", "2", "--warmup-steps", "1", "--repeats", "2",
+                        "--out-dir", str(out)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((out / "corun_probe.json").read_text())
+    assert doc["schema_version"] == 1 and doc["kind"] == "corun_probe" and doc["tiny"] and not doc["cuda"]
+    assert [(row["model"], row["batch_size"], row["other_batch_size"]) for row in doc["rows"]] == [
+        ("small", 1, 2), ("small", 3, 2), ("large", 1, 2), ("large", 3, 2)]
+    for row in doc["rows"]:
+        for key in ("alone_step_ms", "corun_step_ms", "slowdown"):
+            s = row[key]
+            assert 0 < s["min"] <= s["median"] <= s["max"]
+    assert "| timed model | b | other model's b |" in (out / "corun_probe.md").read_text()
+    assert sorted(os.listdir(out)) == ["corun_probe.json", "corun_probe.md"]
+
+
+def test_corun_probe_refuses_bad_input_and_a_machine_without_cuda(tmp_path):
+    r = subprocess.run([sys.executable, PROBE, "--out-dir", str(tmp_path / "p"), "--batch-sizes", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "--batch-sizes" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    import torch
+    if torch.cuda.is_available():
+        return
+    r = subprocess.run([sys.executable, PROBE, "--out-dir", str(tmp_path / "p")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()

@@ -266,7 +266,7 @@ while [ $# -gt 0 ]; do
             case "$1" in --budget-s) BUDGET_S="$2" ;; --only) ONLY="$2" ;; *) STEP_CAP_S="$2" ;; esac
             shift 2 ;;
         --list) LIST=1; shift ;;
-        -h|--help) sed -n '2,20p' "$SELF"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$SELF"; exit 0 ;;
         *) usage_error "unknown argument $1" ;;
     esac
 done

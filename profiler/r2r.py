@@ -123,7 +123,7 @@ def _check_regular(path: str) -> None:
 def _csv_rows(path: str) -> Iterator[tuple[str, dict, tuple]]:
     """(where, row, header) per data row; ``where`` is ``file:line`` of the row's first line."""
     with open_trace(path) as fb:
-        text = io.TextIOWrapper(fb, encoding="utf-8", newline="")
+        text = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")  # a BOM (Excel) is dropped
         delim = "\t" if path.replace(".gz", "").lower().endswith(".tsv") else ","
         reader = csv.reader(text, delimiter=delim, strict=True)
         try:

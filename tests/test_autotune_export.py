@@ -18,9 +18,9 @@ def _r2r_parse(value: str):
     return int(value) if value.isdigit() else [int(x) for x in value.split(",")]
 
 
-def _doc(vectors, max_conc=None, certs=None, gaps=None, M=2, version=2, extrapolated_from=None):
-    spec = {"schema_version": 1, "name": "r2r", "step_latency_ms": [6.0, 27.9][:M] + [40.0] * (M - 2),
-            "delta_ms": 0.1}
+def _doc(vectors, max_conc=None, certs=None, gaps=None, M=2, version=2, extrapolated_from=None, spec=None):
+    spec = spec or {"schema_version": 1, "name": "r2r", "step_latency_ms": [6.0, 27.9][:M] + [40.0] * (M - 2),
+                    "delta_ms": 0.1}
     n = len(vectors)
     max_conc = n if max_conc is None else max_conc
     certs = certs or ["exhaustive"] * n
@@ -123,6 +123,7 @@ def test_extrapolated_and_certified_rows_are_named(tmp_path, capsys):
     assert doc["extrapolated"] == [5, 6, 7] and doc["certified"] == [3, 4] and doc["exact"] == [1, 2]
     assert [r["extrapolated_from"] for r in doc["rows"]] == [None] * 4 + [4] * 3
     assert [r["certificate"] for r in doc["rows"]] == certs
+    assert any("extrapolated" in n for n in doc["notes"]) and any("certified" in n for n in doc["notes"])
     # rows inside the computed part only: nothing to report
     code, _, err = _run(capsys, ["export", "r2r", "--thresholds", path, "--N", "2"])
     assert code == 0 and err == ""
@@ -188,3 +189,15 @@ def test_api_refuses_the_eager_fallback():
 def test_export_needs_a_target(capsys):
     code, _, err = _run(capsys, ["export"])
     assert code == 2 and err.startswith("error:") and "r2r" in err
+
+
+def test_a_spec_that_does_not_look_like_r2r_gets_a_note(tmp_path, capsys):
+    spec = {"schema_version": 1, "name": "swapped", "step_latency_ms": [27.9, 6.0],
+            "routing_matrix": [[0.1, 0.9], [0.3, 0.7]], "committed_tokens": [[1, 1], [1, 1]], "delta_ms": 0.1}
+    path = _write(tmp_path, _doc([(1, 1), (1, 2)], spec=spec))
+    code, out, err = _run(capsys, ["export", "r2r", "--thresholds", path])
+    assert code == 0 and out.split()[3] == "1,2"
+    assert "model 0 steps in 27.9 ms" in err and "p_10 is 0.3" in err
+    spec.update(step_latency_ms=[6.0, 27.9], routing_matrix=[[0.65, 0.35], [1.0, 0.0]])
+    code, _, err = _run(capsys, ["export", "r2r", "--thresholds", _write(tmp_path, _doc([(1, 1)], spec=spec))])
+    assert code == 0 and "model 0 steps" not in err and "p_10" not in err

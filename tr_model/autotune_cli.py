@@ -425,9 +425,9 @@ def _measure_text(doc: dict, r, M: int, fmt: str) -> str:
             f"{100 * (r.relative_timer_noise or 0):.2f}%\n" + format_table(headers, rows) + "\n")
 
 
-def _export_text(args, fmt: str) -> str:
+def _export_text(args, fmt: str, notes: list) -> str:
     if fmt == "json":
-        return json.dumps(args.to_dict(), indent=1) + "\n"
+        return json.dumps({**args.to_dict(), "notes": notes}, indent=1) + "\n"
     if fmt == "env":
         return (f"R2R_SLM_MIN_BATCH_SIZE={args.slm_arg}\nR2R_LLM_MIN_BATCH_SIZE={args.llm_arg}\n"
                 f"R2R_MAX_CONCURRENCY={args.max_concurrency}\n"
@@ -435,8 +435,17 @@ def _export_text(args, fmt: str) -> str:
     return " ".join(args.argv()) + "\n"
 
 
+def _embedded_spec(path: str):
+    """The spec embedded in a thresholds file the reader has already validated (None when absent)."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f).get("spec")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _cmd_export(a) -> int:
-    from tr_model.export import r2r_launch_args
+    from tr_model.export import r2r_launch_args, r2r_spec_notes
     from tr_model.thresholds import ThresholdTable
     if a.target != "r2r":
         raise SpecError("export needs a target: tr-autotune export r2r --thresholds FILE")
@@ -444,13 +453,14 @@ def _cmd_export(a) -> int:
     fmt = output_format(a)
     table = ThresholdTable.load(a.thresholds)
     args = r2r_launch_args(table, a.N)
+    notes = args.provenance_lines() + r2r_spec_notes(_embedded_spec(a.thresholds))
+    if args.max_concurrency == 1:
+        notes.append("with one entry R2R reads each flag as an int (its large model then ignores it); "
+                     "B*(1) = (1, 1) is eager anyway")
     if not a.quiet:
-        for line in args.provenance_lines():
+        for line in notes:
             note(line)
-        if args.max_concurrency == 1:
-            note("with one entry R2R reads each flag as an int (its large model then ignores it); B*(1) = (1, 1) "
-                 "is eager anyway")
-    emit(_export_text(args, fmt), a.out)
+    emit(_export_text(args, fmt, notes), a.out)
     return 0
 
 

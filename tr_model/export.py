@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from tr_core.errors import SpecError
 
-__all__ = ["R2RLaunchArgs", "r2r_launch_args", "r2r_parse_rule"]
+__all__ = ["R2RLaunchArgs", "r2r_launch_args", "r2r_parse_rule", "r2r_spec_notes"]
 
 EXACT = ("exhaustive", "pruned-exact")
 
@@ -151,3 +151,31 @@ def r2r_launch_args(table, max_concurrency: int | None = None) -> R2RLaunchArgs:
     return R2RLaunchArgs(max_concurrency=max_concurrency, slm_min_batch_size=tuple(int(b[0]) for b in ths),
                          llm_min_batch_size=tuple(int(b[1]) for b in ths), certificates=certs, gaps=gaps,
                          extrapolated_from=tuple(src), thresholds_file=table.path, model_names=table.model_names)
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def r2r_spec_notes(spec_doc) -> list[str]:
+    """Warnings when the spec a table was computed for does not look like an R2R system.
+
+    R2R's model 0 must be the small (faster) model, and after its one step the large model always hands
+    back (``p_10 = 1``); a table computed for another system still exports, but is probably the wrong table.
+    """
+    notes: list[str] = []
+    if not isinstance(spec_doc, dict):
+        return notes
+    L = spec_doc.get("step_latency_ms")
+    if isinstance(L, list) and len(L) == 2:
+        a, b = _num(L[0]), _num(L[1])
+        if a is not None and b is not None and a > b:
+            notes.append(f"the spec's model 0 steps in {a:g} ms, model 1 in {b:g} ms: R2R's small ('quick') model "
+                         f"is model 0 of the table; check the model order")
+    P = spec_doc.get("routing_matrix")
+    if isinstance(P, list) and len(P) == 2 and isinstance(P[1], list) and len(P[1]) == 2:
+        p10 = _num(P[1][0])
+        if p10 is not None and abs(p10 - 1.0) > 1e-9:
+            notes.append(f"the spec's p_10 is {p10:g}, but R2R hands every request back to the small model "
+                         f"after one large-model step (p_10 = 1): the table was computed for another routing")
+    return notes

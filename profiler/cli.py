@@ -149,6 +149,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spec")
     g.add_argument("--latency-profile", nargs="+", action="extend", default=[], metavar="FILE",
                    help="latency profile JSON from 'tr-profile latency', one per model in model order")
+    g.add_argument("--corun-profile", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="co-running latency profile JSON from 'tr-profile latency --corun', one per model in model "
+                        "order ('none' for a model without one); written as the spec's corun_latency tables")
     g.add_argument("--latency-curve", choices=("table", "constant", "affine"), default="table",
                    help="how L_i(b) enters the spec: table of medians per batch size, constant L_i, or the affine "
                         "fit a + c*b (default table)")
@@ -233,7 +236,7 @@ def _latency_rows(prof) -> list[dict]:
 
 
 def cmd_latency(a: argparse.Namespace) -> int:
-    from profiler.latency import load_model, profile_latency, resolve_device
+    from profiler.latency import ProfileError, load_model, profile_latency, resolve_device
     from profiler.system import curve_warnings
     from tr_core.fileio import atomic_write
 
@@ -243,21 +246,40 @@ def cmd_latency(a: argparse.Namespace) -> int:
         check_out_path(a.out)
     if a.config is not None and not os.path.exists(a.config):
         raise SpecError(f"--config {a.config!r} does not exist")
+    if a.corun_batch_size is not None and a.corun is None:
+        raise SpecError("--corun-batch-size needs --corun (the model that runs beside the timed one)")
+    corun_batch = 1 if a.corun_batch_size is None else a.corun_batch_size
+    if a.corun is not None:
+        if not os.path.exists(a.corun):
+            raise SpecError(f"--corun {a.corun!r} does not exist (a config.json file or a model folder)")
+        if corun_batch < 1:
+            raise SpecError(f"--corun-batch-size must be >= 1, got {corun_batch}")
+        if a.measure_overhead:
+            raise SpecError("--measure-overhead times the model alone; it cannot be combined with --corun")
     device = resolve_device(a.device)
     dtype = _default_dtype(a.dtype, device)
     _set_threads(a)
     model, name = load_model(a.model, a.config, dtype=dtype, device=device, seed=a.seed)
+    other, other_name = None, ""
+    if a.corun is not None:
+        is_dir = os.path.isdir(a.corun)
+        try:
+            other, other_name = load_model(a.corun if is_dir else None, None if is_dir else a.corun, dtype=dtype,
+                                           device=device, seed=a.seed + 1)
+        except ProfileError as e:
+            raise ProfileError(f"--corun: {e}") from None
     args = {k: v for k, v in vars(a).items() if k != "func" and not k.startswith("_")}
     prof = profile_latency(model, name=name, batch_sizes=sizes, mode=a.mode, context=a.context,
                            extend_tokens=a.extend_tokens, warmup=a.warmup_steps, steps=a.steps,
                            cuda_graph=a.cuda_graph, device=device, dtype=dtype, seed=a.seed,
                            measure_overhead=a.measure_overhead, attention=a.attention, bandwidth_gbs=a.bandwidth_gbs,
-                           arguments=args,
+                           arguments=args, corun_model=other, corun_name=other_name, corun_batch=corun_batch,
                            progress=lambda s: _say(a, f"batch {s.batch_size}: median {s.median_ms:.4g} ms"))
     doc = prof.to_dict()
     lines = []
     if not _out_is_json(a, fmt):  # the profile document goes to --out itself when that is JSON
-        path = os.path.join(_run_dir(a.run_dir, f"latency-{name}"), "profile.json")
+        kind = f"latency-{name}" + ("-corun" if prof.is_corun else "")
+        path = os.path.join(_run_dir(a.run_dir, kind), "profile.json")
         atomic_write(path, lambda f: f.write(json.dumps(doc, indent=2) + "\n"), what="profile")
         lines.append(f"profile: {path}")
     for w in curve_warnings(prof):
@@ -274,6 +296,11 @@ def cmd_latency(a: argparse.Namespace) -> int:
     if prof.timing_overhead:
         lines.append(f"timing overhead: {100 * prof.timing_overhead['overhead']:+.2f}% "
                      f"({prof.timing_overhead['method']})")
+    if prof.is_corun:
+        c = prof.corun
+        mean = "-" if c["mean_step_ms"] is None else f"{c['mean_step_ms']:.4g} ms"
+        lines.append(f"co-running: timed while {c['model']} decoded batches of {c['batch_size']} beside it "
+                     f"({c['runner']}; {c['steps']} of its steps, mean {mean} each)")
     emit(_render(_latency_rows(prof), fmt, doc, lines), a.out)
     return 0
 
@@ -328,18 +355,44 @@ def _routing_summary(est) -> tuple[list[dict], list[str]]:
     return rows, lines
 
 
-def _spec_from(est, a, profiles=None, extra=None):
+def _corun_profiles(a: argparse.Namespace):
+    """The --corun-profile files, loaded (``None`` for 'none'), or None when the flag is absent."""
+    from profiler.latency import ProfileError, load_latency_profile
+
+    paths = getattr(a, "corun_profile", None) or []
+    if not paths:
+        return None
+    out = []
+    for path in paths:
+        if path == "none":
+            out.append(None)
+            continue
+        if not os.path.exists(path):
+            raise SpecError(f"--corun-profile {path!r} does not exist (a profile from 'tr-profile latency --corun', "
+                            f"or 'none')")
+        try:
+            out.append(load_latency_profile(path))
+        except ProfileError as e:
+            raise ProfileError(f"--corun-profile: {e}") from None
+    if all(p is None for p in out):
+        raise SpecError("--corun-profile: every entry is 'none'; drop the flag for a spec without co-running")
+    return out
+
+
+def _spec_from(est, a, profiles=None, extra=None, corun_profiles=None):
     from profiler.latency import load_latency_profile
     from profiler.system import build_system_spec
 
     if profiles is None and getattr(a, "latency_profile", None):
         profiles = [load_latency_profile(p) for p in a.latency_profile]
+    if corun_profiles is None:
+        corun_profiles = _corun_profiles(a)
     L = getattr(a, "L", None)
     warnings: list[str] = []
     spec = build_system_spec(est, step_latency_ms=L, profiles=profiles, delta_ms=_delta(a.delta_ms),
                              curve=a.latency_curve, at_batch_size=a.latency_batch_size, name=a.name,
                              extra_provenance=extra, allow_mixed=a.allow_mixed, delta_rtol=a.delta_rtol,
-                             warnings=warnings)
+                             warnings=warnings, corun_profiles=corun_profiles)
     for w in warnings:
         _warn(a, w)
     return spec
@@ -501,10 +554,11 @@ def cmd_system(a: argparse.Namespace) -> int:
         if not os.path.exists(p):
             raise SpecError(f"--model {p!r} does not exist (a model folder or a config.json file)")
     profiles = [load_latency_profile(p) for p in a.latency_profile]  # read (and refused) before any work
+    corun_profiles = _corun_profiles(a)
     device = resolve_device(a.device) if paths else "cpu"
     run_dir = _run_dir(a.run_dir, "system")
     try:
-        return _system_in(a, fmt, paths, sizes, profiles, run_dir, device)
+        return _system_in(a, fmt, paths, sizes, profiles, run_dir, device, corun_profiles)
     except BaseException:
         trace = os.path.join(run_dir, "trace.jsonl")
         if os.path.exists(trace) and os.path.getsize(trace) == 0:
@@ -513,7 +567,7 @@ def cmd_system(a: argparse.Namespace) -> int:
         raise
 
 
-def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
+def _system_in(a, fmt, paths, sizes, profiles, run_dir, device, corun_profiles=None) -> int:
     from profiler.latency import load_model, profile_latency
     from tr_core.fileio import atomic_write
     from tr_core.spec import save_spec, spec_to_dict
@@ -551,10 +605,14 @@ def _system_in(a, fmt, paths, sizes, profiles, run_dir, device) -> int:
             profiles.append(prof)
             del model
             _say(a, f"profiled model {k} ({name})")
-    spec = _spec_from(est, a, profiles=profiles, extra=extra)
+    spec = _spec_from(est, a, profiles=profiles, extra=extra, corun_profiles=corun_profiles)
     rows, lines = _routing_summary(est)
     lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms)
                  + ("  (batch-dependent curves in the spec)" if spec.batch_dependent else ""))
+    if corun_profiles is not None:
+        lines.append("co-running Lco_i(b) tables: " + ", ".join(
+            f"model {i}: " + ("none" if p is None else f"{len(p.batches)} batch sizes beside {p.corun['model']}")
+            for i, p in enumerate(corun_profiles)))
     if not _out_is_json(a, fmt):
         path = os.path.join(run_dir, "spec.json")
         save_spec(spec, path)
@@ -671,6 +729,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(q)
     q.add_argument("--measure-overhead", action="store_true",
                    help="also measure the relative cost of per-step timing (events/perf_counter vs none)")
+    g = q.add_argument_group("co-running (the spec's corun_latency)")
+    g.add_argument("--corun", metavar="CONFIG.json",
+                   help="time the model while this other model (a config.json, random weights, or a local model "
+                        "folder) decodes continuously beside it on the same device: in its own CUDA stream on a "
+                        "GPU, in a second thread on CPU; the profile is marked co-running")
+    g.add_argument("--corun-batch-size", type=int, default=None, metavar="B",
+                   help="requests per step of the --corun model (default 1)")
     _common_args(q)
     q.set_defaults(func=cmd_latency)
 

@@ -24,6 +24,21 @@ sample standard deviation and the count.  The affine law ``L(b) = a + c b`` is
 fitted by least squares to the per-batch medians, with
 ``R^2 = 1 - SS_res / SS_tot`` (1 when every median is equal and fitted exactly).
 
+Co-running (``corun_model``).  The model is timed while another model decodes
+continuously beside it on the same device: the other model's step (batch
+``corun_batch``, same context, same eager / CUDA-graph choice) is replayed back
+to back in its own CUDA stream by a second thread, at most two steps in
+flight, and the timed model runs in a stream of its own, timed by its CUDA
+events as above.  On CPU the same code path runs with the other model in a
+second thread (torch releases the GIL inside its kernels), timed by
+``perf_counter``; the figures then say how two models share the cores, not a
+GPU.  The other model starts before the warm-up of every batch size (after
+its CUDA-graph capture, which runs with nothing beside it), has finished one
+step before any timed one, and stops after the last timed step; the profile
+records it under ``corun`` (its name, config hash, batch size, how many steps
+it ran meanwhile and their mean duration).  Such a profile is ``Lco_i(b)`` of
+the spec's ``corun_latency`` (``tr-profile system --corun-profile``).
+
 Memory figures: ``weight_bytes`` (sum over parameters of numel x element size),
 ``kv_bytes_per_token`` from the config (``2 x layers x kv_heads x head_dim x
 dtype bytes``), and on CUDA the allocator peak per batch size and the measured
@@ -34,11 +49,13 @@ torch and transformers are imported lazily: importing this module is free.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -149,6 +166,12 @@ class LatencyProfile:
     attention: str = ""
     input_embedding_bytes: int | None = None
     roofline: dict | None = None
+    corun: dict | None = None
+
+    @property
+    def is_corun(self) -> bool:
+        """Whether the steps were timed while another model ran beside them (a co-running profile)."""
+        return self.corun is not None
 
     def median_ms(self) -> dict[int, float]:
         return {s.batch_size: s.median_ms for s in self.batches}
@@ -297,7 +320,25 @@ def latency_profile_from_dict(d: Any, path: str = "latency profile") -> LatencyP
         transformers_version=text["transformers_version"], arguments=F.obj(d.get("arguments", {}), "arguments"),
         created_utc=text["created_utc"], attention=text["attention"],
         input_embedding_bytes=F.int_(d.get("input_embedding_bytes"), "input_embedding_bytes", 0, none=True),
-        roofline=F.obj(d.get("roofline"), "roofline", none=True))
+        roofline=F.obj(d.get("roofline"), "roofline", none=True), corun=_corun_field(F, d.get("corun")))
+
+
+def _corun_field(F: "_Field", v: Any) -> dict | None:
+    """The ``corun`` block of a co-running profile: the other model's name and batch size are required."""
+    v = F.obj(v, "corun", none=True)
+    if v is None:
+        return None
+    for name in ("model", "batch_size"):
+        if name not in v:
+            raise ProfileError(f"{F.path}: missing field {'corun.' + name!r}")
+    F.str_(v["model"], "corun.model")
+    F.int_(v["batch_size"], "corun.batch_size", 1)
+    for name in ("steps",):
+        if name in v:
+            F.int_(v[name], f"corun.{name}", 0)
+    if "mean_step_ms" in v:
+        F.num(v["mean_step_ms"], "corun.mean_step_ms", none=True)
+    return v
 
 
 def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
@@ -598,18 +639,20 @@ class _Stepper:
             self.out = self.eager_step()
 
 
-def _time_steps(stepper: _Stepper, n: int, cuda: bool) -> list[float]:
+def _time_steps(stepper: _Stepper, n: int, cuda: bool, stream=None) -> list[float]:
+    """Per-step ms; with ``stream`` (co-running) only that stream is waited for, never the whole device."""
     if cuda:
         torch = stepper.torch
+        sync = stream.synchronize if stream is not None else torch.cuda.synchronize
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        torch.cuda.synchronize()
+        sync()
         for k in range(n):
             starts[k].record()
             stepper.step()
             ends[k].record()
             stepper.rewind()  # after the end event: not timed
-        torch.cuda.synchronize()
+        sync()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
     out = []
     for _ in range(n):
@@ -679,8 +722,13 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
                     extend_tokens: int = 8, warmup: int = 3, steps: int = 20, cuda_graph: bool = False,
                     device: str = "cpu", dtype: str = "fp32", seed: int = 0, measure_overhead: bool = False,
                     attention: str = "serving", bandwidth_gbs: float | None = None, measure_bandwidth: bool = True,
-                    arguments: dict | None = None, progress=None) -> LatencyProfile:
+                    arguments: dict | None = None, progress=None, corun_model=None, corun_name: str = "",
+                    corun_batch: int = 1) -> LatencyProfile:
     """Time ``steps`` steps per batch size after ``warmup`` untimed ones; see the module docstring.
+
+    ``corun_model``: another loaded model that decodes batches of
+    ``corun_batch`` continuously beside the timed one (the co-running
+    latency; see the module docstring); ``corun_name`` names it in the profile.
 
     ``attention``: 'serving' (:mod:`profiler.serving_attention`, what a serving
     engine runs) or 'transformers' (the model's own).  On CUDA, or with
@@ -706,6 +754,11 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
         raise ProfileError(f"--steps must be >= 1 and --warmup-steps >= 0, got {steps} and {warmup}")
     if bandwidth_gbs is not None and not (bandwidth_gbs > 0 and math.isfinite(bandwidth_gbs)):
         raise ProfileError(f"--bandwidth-gbs must be a finite number > 0, got {bandwidth_gbs}")
+    if corun_model is not None and (isinstance(corun_batch, bool) or not isinstance(corun_batch, int)
+                                    or corun_batch < 1):
+        raise ProfileError(f"--corun-batch-size must be an integer >= 1, got {corun_batch!r}")
+    if corun_model is not None and corun_model is model:
+        raise ProfileError("--corun needs a second model (a model cannot run beside itself here)")
     from profiler.serving_attention import ATTENTION_CHOICES, select_attention
     if attention not in ATTENTION_CHOICES:
         raise ProfileError(f"--attention must be one of {', '.join(ATTENTION_CHOICES)}, got {attention!r}")
@@ -719,18 +772,39 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
         torch.cuda.set_device(torch.device(device).index)  # events and synchronize act on the current device
     stats: list[BatchStats] = []
     measured = {"kv": None, "overhead": None}
-    with select_attention(model, attention) as attention_label:
+    corun_doc = None
+    with contextlib.ExitStack() as stack:
+        attention_label = stack.enter_context(select_attention(model, attention))
+        loop = None
+        if corun_model is not None:
+            stack.enter_context(select_attention(corun_model, attention))
+            try:
+                loop = _CorunLoop(corun_model, corun_batch, context, static=cuda_graph, cuda=cuda, device=device,
+                                  seed=seed + 7919, warmup=warmup)
+            except (ProfileError, MemoryError):
+                raise
+            except Exception as e:
+                raise ProfileError("the co-running model (--corun) failed to start: "
+                                   + _failure_text(e, corun_batch, torch, transformers)) from None
         for k, b in enumerate(sizes):
             try:
                 stats.append(_profile_one(torch, model, b, k, context=context, T=T, warmup=warmup, steps=steps,
                                           cuda=cuda, cuda_graph=cuda_graph, device=device, seed=seed,
-                                          measure_overhead=measure_overhead, measured=measured))
+                                          measure_overhead=measure_overhead and loop is None, measured=measured,
+                                          corun=loop))
             except (ProfileError, MemoryError):
                 raise
             except Exception as e:  # torch/transformers failing inside the loop: one line naming the batch size
                 raise ProfileError(_failure_text(e, b, torch, transformers)) from None
             if progress:
                 progress(stats[-1])
+        if loop is not None:
+            corun_doc = {"model": corun_name or "corun", "config_sha256": config_sha256(corun_model.config),
+                         "batch_size": int(corun_batch), "context_tokens": int(context),
+                         "cuda_graph": bool(cuda_graph),
+                         "runner": "own CUDA stream, second thread" if cuda else "second thread (CPU)",
+                         "steps": int(loop.total_steps),
+                         "mean_step_ms": loop.total_ms / loop.total_steps if loop.total_steps else None}
     measured_kv, overhead = measured["kv"], measured["overhead"]
     fit = fit_affine([s.batch_size for s in stats], [s.median_ms for s in stats])
     dev_name = torch.cuda.get_device_name(torch.device(device)) if cuda else _cpu_name()
@@ -749,11 +823,104 @@ def profile_latency(model, *, name: str, batch_sizes: Sequence[int], mode: str =
         timing="cuda_events" if cuda else "perf_counter", timing_overhead=overhead, tool_version=__version__,
         torch_version=torch.__version__, transformers_version=transformers.__version__,
         arguments=dict(arguments or {}), created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        attention=attention_label, input_embedding_bytes=emb, roofline=roof)
+        attention=attention_label, input_embedding_bytes=emb, roofline=roof, corun=corun_doc)
+
+
+class _CorunLoop:
+    """The other model of a co-running profile: one step shape, run back to back by a thread while started.
+
+    On CUDA the steps go to the loop's own stream with at most two in flight
+    (the thread waits on the event of the step before the last), so the
+    other model never pauses for the host and the queue stays short.
+    """
+
+    def __init__(self, model, batch: int, context: int, *, static: bool, cuda: bool, device: str, seed: int,
+                 warmup: int):
+        torch, _ = _torch()
+        self.torch, self.cuda, self.device = torch, cuda, device
+        self.stepper = _Stepper(model, batch, context, 1, static=static, device=device, seed=seed)
+        self.stepper.check_rewind()
+        if static:
+            self.stepper.capture(warmup)
+        self.stream = torch.cuda.Stream(device=device) if cuda else None
+        self.total_steps = 0
+        self.total_ms = 0.0
+        self._thread = None
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._error: BaseException | None = None
+
+    def _body(self) -> None:
+        torch = self.torch
+        try:
+            if self.cuda:
+                if torch.device(self.device).index is not None:
+                    torch.cuda.set_device(torch.device(self.device))  # the current device is per thread
+                with torch.cuda.stream(self.stream):
+                    first = torch.cuda.Event(enable_timing=True)
+                    last = torch.cuda.Event(enable_timing=True)
+                    first.record()
+                    pending: list = []
+                    n = 0
+                    while not self._stop.is_set():
+                        self.stepper.step()
+                        self.stepper.rewind()
+                        ev = torch.cuda.Event()
+                        ev.record()
+                        pending.append(ev)
+                        n += 1
+                        if len(pending) > 2:
+                            pending.pop(0).synchronize()
+                            self._running.set()
+                        elif n == 1:
+                            ev.synchronize()
+                            self._running.set()
+                    last.record()
+                    last.synchronize()
+                self.total_ms += first.elapsed_time(last)
+            else:
+                t0 = time.perf_counter()
+                n = 0
+                while not self._stop.is_set():
+                    self.stepper.step()
+                    self.stepper.rewind()
+                    n += 1
+                    self._running.set()
+                self.total_ms += (time.perf_counter() - t0) * 1e3
+            self.total_steps += n
+        except BaseException as e:  # reported by stop() in the calling thread
+            self._error = e
+        finally:
+            self._running.set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._running.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._body, name="tr-profile-corun", daemon=True)
+        self._thread.start()
+        self._running.wait()
+        self._raise()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            self._stop.set()
+            if isinstance(e, (ProfileError, MemoryError, KeyboardInterrupt)):
+                raise e
+            raise ProfileError(f"the co-running model (--corun) failed: {type(e).__name__}: {_first_line(e)}")
 
 
 def _profile_one(torch, model, b: int, k: int, *, context: int, T: int, warmup: int, steps: int, cuda: bool,
-                 cuda_graph: bool, device: str, seed: int, measure_overhead: bool, measured: dict) -> BatchStats:
+                 cuda_graph: bool, device: str, seed: int, measure_overhead: bool, measured: dict,
+                 corun: _CorunLoop | None = None) -> BatchStats:
     peak = None
     if cuda:
         torch.cuda.synchronize()
@@ -774,10 +941,13 @@ def _profile_one(torch, model, b: int, k: int, *, context: int, T: int, warmup: 
             except RuntimeError as e:
                 raise ProfileError(f"CUDA graph capture failed for batch size {b} "
                                    f"({str(e).splitlines()[0]}); run without --cuda-graph") from None
-        for _ in range(warmup):
-            stepper.step()
-            stepper.rewind()
-        samples = _time_steps(stepper, steps, cuda)
+        if corun is None:
+            for _ in range(warmup):
+                stepper.step()
+                stepper.rewind()
+            samples = _time_steps(stepper, steps, cuda)
+        else:
+            samples = _time_corun(torch, stepper, corun, warmup, steps, cuda)
         if cuda:
             peak = int(torch.cuda.max_memory_allocated())
         if measure_overhead and k == 0:
@@ -785,6 +955,22 @@ def _profile_one(torch, model, b: int, k: int, *, context: int, T: int, warmup: 
     finally:
         del stepper
     return summarize_samples(b, samples, peak)
+
+
+def _time_corun(torch, stepper: _Stepper, corun: _CorunLoop, warmup: int, steps: int, cuda: bool) -> list[float]:
+    """Warm-up and timed steps of the measured model in a stream of its own while ``corun`` runs beside it."""
+    stream = torch.cuda.Stream(device=corun.device) if cuda else None
+    corun.start()
+    try:
+        with (torch.cuda.stream(stream) if cuda else contextlib.nullcontext()):
+            if cuda:
+                stream.wait_stream(torch.cuda.default_stream(corun.device))  # the prefill and capture are done
+            for _ in range(warmup):
+                stepper.step()
+                stepper.rewind()
+            return _time_steps(stepper, steps, cuda, stream=stream)
+    finally:
+        corun.stop()
 
 
 def _failure_text(e: BaseException, b: int, torch, transformers) -> str:

@@ -16,6 +16,17 @@ rounding error are kept in ``provenance.latency``.  Three forms:
 The routing matrices come from :mod:`profiler.routing`; their intervals,
 goodness-of-fit tests and request spread go to ``provenance.routing``.
 
+Co-running (``corun_profiles``, from ``tr-profile latency --corun``): one
+entry per model, a co-running profile or ``None``; each becomes the table
+``corun_latency[i] = {"batch_size": [...], "step_latency_ms": [...]}`` of its
+medians on the same grid (``None`` stays null: no co-running cost).  A
+co-running profile must time the same model as the solo one (same config
+hash) and be timed the same way; a solo profile given as co-running, or the
+reverse, is refused.  ``provenance.corun_latency`` keeps the raw medians, the
+rounded ones, the other model and its batch size, and the ratio to the solo
+median at every batch size profiled both ways; a co-running median below the
+solo one is a warning.
+
 Consistency (:func:`check_profiles`).  The spec's ``L_i(b)`` is the time of one
 decode step, and the models of one system must be timed the same way, so
 profiles that mix CUDA-graph and eager steps, GPU events and CPU wall clock,
@@ -40,7 +51,8 @@ DROP_TOLERANCE = 0.03
 NOISE_STD = 0.10
 NOISE_SPREAD = 0.25
 
-__all__ = ["CURVES", "round_to_grid", "latency_fields", "build_system_spec", "check_profiles", "curve_warnings"]
+__all__ = ["CURVES", "round_to_grid", "latency_fields", "corun_fields", "build_system_spec", "check_profiles",
+           "curve_warnings"]
 
 
 def _how(prof: LatencyProfile) -> str:
@@ -48,24 +60,30 @@ def _how(prof: LatencyProfile) -> str:
                                                               " on CPU")
 
 
-def check_profiles(profiles: Sequence[LatencyProfile], *, allow_mixed: bool = False) -> list[str]:
-    """Refuse profiles that cannot form one decode-latency spec; return the warnings (see the module docstring)."""
+def check_profiles(profiles: Sequence[LatencyProfile], *, allow_mixed: bool = False,
+                   corun_profiles: Sequence[LatencyProfile | None] = ()) -> list[str]:
+    """Refuse profiles that cannot form one decode-latency spec; return the warnings (see the module docstring).
+
+    ``corun_profiles`` (one per model or ``None``) are held to the same rules as the solo ones."""
     warnings: list[str] = []
     problems: list[str] = []
-    for i, prof in enumerate(profiles):
+    labelled = [(f"model {i}", p) for i, p in enumerate(profiles)]
+    labelled += [(f"model {i} co-running", p) for i, p in enumerate(corun_profiles) if p is not None]
+    for label, prof in labelled:
         if prof.mode != "decode":
-            problems.append(f"the latency profile of model {i} ({prof.model}) times {prof.mode} steps of "
-                            f"{prof.extend_tokens} tokens, but a spec's L_i is a decode step")
-    kinds = {_how(p) for p in profiles}
+            what = "latency profile" if "co-running" not in label else "co-running profile"
+            problems.append(f"the {what} of {label.replace(' co-running', '')} ({prof.model}) times {prof.mode} "
+                            f"steps of {prof.extend_tokens} tokens, but a spec's L_i is a decode step")
+    kinds = {_how(p) for _, p in labelled}
     if len(kinds) > 1:
         problems.append("the latency profiles mix " + " and ".join(sorted(kinds)) + " ("
-                        + ", ".join(f"model {i}: {_how(p)}" for i, p in enumerate(profiles)) + ")")
+                        + ", ".join(f"{label}: {_how(p)}" for label, p in labelled) + ")")
     if problems:
         if not allow_mixed:
             raise ProfileError(problems[0] + "; profile every model the same way, or pass --allow-mixed")
         warnings.extend(f"{p} (accepted: --allow-mixed)" for p in problems)
-    for i, prof in enumerate(profiles):
-        warnings.extend(f"model {i} ({prof.model}): {w}" for w in curve_warnings(prof))
+    for label, prof in labelled:
+        warnings.extend(f"{label} ({prof.model}): {w}" for w in curve_warnings(prof))
     return warnings
 
 
@@ -152,13 +170,67 @@ def latency_fields(profiles: Sequence[LatencyProfile], *, delta_ms: float, curve
     return L, curves, prov
 
 
+def _check_solo_profiles(profiles: Sequence[LatencyProfile]) -> None:
+    for i, prof in enumerate(profiles):
+        if prof.is_corun:
+            raise ProfileError(f"--latency-profile of model {i} ({prof.model}) was timed co-running (beside "
+                               f"{prof.corun['model']}); give it with --corun-profile and a solo profile here")
+
+
+def _check_corun_profiles(profiles: Sequence[LatencyProfile] | None,
+                          corun_profiles: Sequence[LatencyProfile | None]) -> None:
+    for i, prof in enumerate(corun_profiles):
+        if prof is None:
+            continue
+        if not prof.is_corun:
+            raise ProfileError(f"--corun-profile of model {i} ({prof.model}) is a solo profile (no 'corun' block); "
+                               f"measure it with 'tr-profile latency --corun OTHER'")
+        if profiles is not None and prof.config_sha256 != profiles[i].config_sha256:
+            raise ProfileError(f"--corun-profile of model {i} times {prof.model} but --latency-profile of model {i} "
+                               f"times {profiles[i].model} (different config_sha256): give them in the same order")
+
+
+def corun_fields(corun_profiles: Sequence[LatencyProfile | None], *, delta_ms: float,
+                 profiles: Sequence[LatencyProfile] | None = None):
+    """``(corun_latency entries, provenance list, warnings)``: one table (or ``None``) per model on the grid."""
+    entries: list[dict | None] = []
+    prov: list[dict | None] = []
+    warnings: list[str] = []
+    for i, prof in enumerate(corun_profiles):
+        if prof is None:
+            entries.append(None)
+            prov.append(None)
+            continue
+        med = prof.median_ms()
+        sizes = sorted(med)
+        rounded = {b: round_to_grid(med[b], delta_ms) for b in sizes}
+        entries.append({"batch_size": sizes, "step_latency_ms": [rounded[b] for b in sizes]})
+        solo = profiles[i].median_ms() if profiles is not None else {}
+        ratio = {b: med[b] / solo[b] for b in sizes if b in solo}
+        below = [b for b, r in ratio.items() if r < 1.0]
+        if below:
+            warnings.append(f"model {i} ({prof.model}): the co-running median is below the solo one at b = "
+                            + ", ".join(map(str, below)) + " (noise, or a busy machine during the solo profile)")
+        prov.append({"model": prof.model, "config_sha256": prof.config_sha256, "device": prof.device,
+                     "cuda_graph": prof.cuda_graph, "timing": prof.timing, "corun": dict(prof.corun),
+                     "batch_size": sizes, "median_ms": [med[b] for b in sizes],
+                     "rounded_ms": [rounded[b] for b in sizes],
+                     "max_relative_rounding": max(abs(rounded[b] - med[b]) / med[b] for b in sizes),
+                     "ratio_to_solo": {str(b): r for b, r in sorted(ratio.items())}})
+    return entries, prov, warnings
+
+
 def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[float] | None = None,
                       profiles: Sequence[LatencyProfile] | None = None, delta_ms: float = 0.1,
                       curve: str = "table", at_batch_size: int | None = None, name: str = "profiled",
                       model_names: Sequence[str] | None = None, extra_provenance: dict | None = None,
                       allow_mixed: bool = False, delta_rtol: float = 0.01,
-                      warnings: list | None = None) -> SystemSpec:
+                      warnings: list | None = None,
+                      corun_profiles: Sequence[LatencyProfile | None] | None = None) -> SystemSpec:
     """A validated spec: latencies from ``profiles`` (or given ``step_latency_ms``), P and C from ``estimate``.
+
+    ``corun_profiles``: one co-running profile (or ``None``) per model, written
+    as the spec's ``corun_latency`` tables (see the module docstring).
 
     ``delta_ms='auto'`` picks the coarsest grid within ``delta_rtol``; profile
     warnings (:func:`check_profiles`) are appended to ``warnings`` and kept in
@@ -168,12 +240,21 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
     curves = None
     lat_prov: list | dict
     notes: list[str] = []
+    corun_meds: list[float] = []
+    if profiles is not None:
+        _check_solo_profiles(profiles)
+    if corun_profiles is not None:
+        if len(corun_profiles) != M:
+            raise ProfileError(f"the trace has {M} models but --corun-profile gives {len(corun_profiles)} entries "
+                               f"(one per model, 'none' for a model without one)")
+        _check_corun_profiles(profiles, corun_profiles)
+        corun_meds = [s.median_ms for p in corun_profiles if p is not None for s in p.batches]
     if profiles is not None:
         if len(profiles) != M:
             raise ProfileError(f"the trace has {M} models but {len(profiles)} latency profiles were given")
-        notes = check_profiles(profiles, allow_mixed=allow_mixed)
+        notes = check_profiles(profiles, allow_mixed=allow_mixed, corun_profiles=corun_profiles or ())
         if delta_ms == "auto":
-            delta_ms = auto_delta([s.median_ms for p in profiles for s in p.batches], delta_rtol)
+            delta_ms = auto_delta([s.median_ms for p in profiles for s in p.batches] + corun_meds, delta_rtol)
         L, curves, lat_prov = latency_fields(profiles, delta_ms=delta_ms, curve=curve, at_batch_size=at_batch_size)
         if model_names is None:
             model_names = [p.model for p in profiles]
@@ -182,8 +263,10 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
         if len(L) != M:
             raise ProfileError(f"--step-latency-ms has {len(L)} values but the trace has {M} models")
         lat_prov = {"source": "given on the command line", "step_latency_ms": L}
+        if corun_profiles is not None:
+            notes = check_profiles([], allow_mixed=allow_mixed, corun_profiles=corun_profiles)
         if delta_ms == "auto":
-            delta_ms = auto_delta(L, delta_rtol)
+            delta_ms = auto_delta(L + corun_meds, delta_rtol)
     else:
         raise ProfileError("a spec needs latencies: pass --step-latency-ms or --latency-profile (one per model)")
     P, C = spec_matrices(estimate)
@@ -195,8 +278,16 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
         prov["latency_warnings"] = notes
         if warnings is not None:
             warnings.extend(notes)
+    corun = None
+    if corun_profiles is not None and any(p is not None for p in corun_profiles):
+        corun, prov["corun_latency"], corun_notes = corun_fields(corun_profiles, delta_ms=delta_ms, profiles=profiles)
+        if corun_notes:
+            prov.setdefault("latency_warnings", []).extend(corun_notes)
+            if warnings is not None:
+                warnings.extend(corun_notes)
     if extra_provenance:
         prov.update(extra_provenance)
+    kw = {"corun_latency": corun} if corun is not None else {}
     return make_spec(L, P, C, delta_ms=delta_ms, name=name,
                      model_names=list(model_names) if model_names is not None else None,
-                     latency_curves=curves, provenance=prov)
+                     latency_curves=curves, provenance=prov, **kw)

@@ -36,12 +36,22 @@ arithmetic is exactly the plain kernel's):
   when buckets are given): ``ext`` is the extra ms per fed token
   beyond the first (e.g. from an extend-k profile:
   ``(L_ext_k(b) - L(b)) / (k - 1)``).
-* **co-running slowdown**: while the set R of models is running, model i
-  progresses at rate ``1 / f_i(R)``, ``f_i(R) = prod_{k in R, k != i}
+* **co-running, rate-sharing law**: while the set R of models is running,
+  model i progresses at rate ``1 / f_i(R)``, ``f_i(R) = prod_{k in R, k != i}
   corun[i, k]`` (a model that shares a GPU with another one gets its share
   of the memory bandwidth).  Residuals are kept in solo milliseconds; the
   set changes only at epochs, so the next epoch is ``tau = min_i res_i f_i``
   and every running model loses ``tau / f_i``.
+
+And one co-running law the chain shares (off when ``lat_co`` equals ``lat``):
+
+* **co-running, launch law**: a batch's duration is fixed when it launches:
+  ``lat[j, b]`` when no other model is busy at that instant, ``lat_co[j, b]``
+  when at least one is.  Busy means running a batch after this epoch's
+  completions, or launching in this same launch pass (two models that start
+  together both run co-located); what happens later does not change a
+  running batch.  The launching set is decided before any duration, so the
+  order of the models in the pass does not matter.
 
 Statistics are accumulated only after the warm-up: tokens, elapsed time and
 request-steps per progress bin (for batch means), the time integrals of the
@@ -83,7 +93,7 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                     seed, jitter_sigma, tie_ms,
                     warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
                     hist_min_ms, hist_inv_log_ratio, n_hist,
-                    ext, prompt_tokens, corun, tbuckets):
+                    ext, prompt_tokens, corun, tbuckets, lat_co):
     """Run one simulation; see the module docstring.
 
     mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
@@ -99,13 +109,16 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
     ``ext`` ``[M, N + 1]`` (ms per extra fed token, all zero = no catch-up
     cost), ``prompt_tokens`` and ``corun`` ``[M, M]`` (all one = no slowdown):
-    see the module docstring.  ``tbuckets`` (increasing, possibly empty): the
+    see the module docstring.  ``lat_co`` ``[M, N + 1]``: the launch law's
+    co-running durations (equal to ``lat`` = no co-running cost).
+    ``tbuckets`` (increasing, possibly empty): the
     fed length T is rounded up to the first bucket >= T (CUDA-graph padding;
     beyond the last bucket T stays as it is).
 
     Returns ``(status, bin_tok, bin_ms, bin_steps, wait_area, busy_area,
     serv_area, adm_cnt, adm_sum, adm_zero, hist, launches, launched,
-    max_batch, completions, sojourn_sum, total_steps)``; status 0 ok, 1
+    max_batch, completions, sojourn_sum, total_steps, co_launches)``
+    (``co_launches[i]``: measured launches of model i that took ``lat_co``); status 0 ok, 1
     deadlock (no model can run).  Areas are time integrals (request-ms or ms).
     """
     M = thresh.shape[0]
@@ -157,6 +170,13 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
         for k in range(M):
             if i != k and corun[i, k] != 1.0:
                 use_corun = True
+    use_launch = False
+    for i in range(M):
+        for b in range(lat.shape[1]):
+            if lat_co[i, b] != lat[i, b]:
+                use_launch = True
+    launching = np.zeros(M, np.bool_)
+    co_launches = np.zeros(M, np.int64)
     tcount = np.full(N, prompt_tokens)      # tokens of each request (prompt + committed)
     seen = np.zeros((N, M))                 # tokens each model's cache covers
     rate_f = np.ones(M)
@@ -186,8 +206,13 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
 
     while True:
         # launch rule, all idle models in one pass
+        n_busy = 0
         for j in range(M):
-            if bs[j] == 0 and qk[j] >= thresh[j]:
+            launching[j] = bs[j] == 0 and qk[j] >= thresh[j]
+            if bs[j] > 0 or launching[j]:
+                n_busy += 1
+        for j in range(M):
+            if launching[j]:
                 b = qk[j]
                 if b > caps[j]:
                     b = caps[j]
@@ -215,6 +240,11 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
                 qk[j] -= b
                 bs[j] = b
                 d = lat[j, b]
+                if use_launch and n_busy >= 2:
+                    # launch law: at least one other model is running or starting with this one
+                    d = lat_co[j, b]
+                    if measuring:
+                        co_launches[j] += 1
                 if use_ext:
                     tmax = 1.0
                     for x in range(b):
@@ -360,4 +390,4 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
             s0 = total_steps
 
     return (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero,
-            hist, launches, launched, max_batch, completions, sojourn_sum, total_steps)
+            hist, launches, launched, max_batch, completions, sojourn_sum, total_steps, co_launches)

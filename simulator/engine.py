@@ -41,12 +41,12 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-from tr_core.errors import SpecError
+from tr_core.errors import SpecError, short_repr
 from simulator._kernels import simulate_kernel
 from simulator.traces import RoutingTrace, read_trace, trace_from_records
 
 __all__ = ["LatencySummary", "SimulationResult", "simulate", "validate_thresholds", "CI_BATCHES",
-           "DEFAULT_STEPS"]
+           "CORUN_LAWS", "DEFAULT_STEPS"]
 
 CI_BATCHES = 32
 FINE_BINS = 32 * CI_BATCHES
@@ -101,6 +101,8 @@ class SimulationResult:
     caps: tuple
     batch_tokens: tuple = field(default=(), repr=False)
     batch_ms: tuple = field(default=(), repr=False)
+    corun_law: str = "launch"
+    corun_launches: tuple = ()
 
     @property
     def ci95(self) -> tuple[float, float]:
@@ -120,7 +122,7 @@ class SimulationResult:
         d["admission"] = [asdict(a) for a in self.admission]
         for k in ("admission_latency_ms", "mean_waiting", "mean_in_service", "mean_batch_size", "max_batch_size",
                   "launches", "utilization", "caps",
-                  "batch_tokens", "batch_ms"):
+                  "batch_tokens", "batch_ms", "corun_launches"):
             d[k] = list(d[k])
         d["schema_version"] = 1
         return d
@@ -229,11 +231,48 @@ def _corun_matrix(corun_slowdown: Any, M: int) -> np.ndarray:
     return f
 
 
+CORUN_LAWS = ("launch", "rate-sharing")
+
+
+def _corun_latency_table(spec, M: int, N: int, lat: np.ndarray) -> np.ndarray:
+    """``lat_co[i, b]``: the launch law's co-running step latency (``lat`` itself where the spec has none)."""
+    co = lat.copy()
+    if not getattr(spec, "has_corun", False):
+        return co
+    for i in range(M):
+        for b in range(1, N + 1):
+            v = float(spec.corun_latency_ms(i, b))
+            if not math.isfinite(v) or v <= 0:
+                raise SpecError(f"co-running latency of model {i} at batch size {b} must be > 0 ms, got {v!r}")
+            co[i, b] = v
+        co[i, 0] = co[i, 1]
+    return co
+
+
+def _resolve_corun_law(corun_law: Any, corun_slowdown: Any, spec) -> str:
+    spec_corun = bool(getattr(spec, "has_corun", False))
+    if corun_law is None:
+        if corun_slowdown is not None and spec_corun:
+            raise SpecError("the spec has corun_latency (launch law) and corun_slowdown was given (rate-sharing "
+                            "law): name the one to simulate with corun_law='launch' or 'rate-sharing'")
+        return "rate-sharing" if corun_slowdown is not None else "launch"
+    if corun_law not in CORUN_LAWS:
+        raise SpecError(f"corun_law must be one of {', '.join(CORUN_LAWS)}, got {short_repr(corun_law)}")
+    if corun_law == "launch" and corun_slowdown is not None:
+        raise SpecError("corun_slowdown belongs to the rate-sharing law; the launch law reads the spec's "
+                        "corun_latency (give corun_law='rate-sharing' or drop corun_slowdown)")
+    if corun_law == "rate-sharing" and corun_slowdown is None and spec_corun:
+        raise SpecError("the rate-sharing law needs corun_slowdown (M x M factors); the spec's corun_latency "
+                        "is the launch law's input")
+    return corun_law
+
+
 def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None, steps: int | None = None,
              warmup: float = 0.1, seed: int = 0, jitter: float = 0.0, trace: Any = None,
              request_tokens: float | None = None, expected_tokens: bool = True,
              extend_ms_per_token: Any = None, prompt_tokens: float = 0.0,
-             corun_slowdown: Any = None, extend_buckets: Sequence[int] | None = None) -> SimulationResult:
+             corun_slowdown: Any = None, extend_buckets: Sequence[int] | None = None,
+             corun_law: str | None = None) -> SimulationResult:
     """Simulate the routed system and return throughput with its 95% interval and latency statistics.
 
     ``steps``: request-steps to measure after the warm-up (default 2,000,000),
@@ -256,11 +295,20 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     the batch size b: a step whose rows must catch up on up to T tokens
     (committed elsewhere since the request last ran there) costs
     ``L_i(b) + e_i(b) (T - 1)``; ``prompt_tokens``: tokens a new request
-    brings (its first step on each model feeds them); ``corun_slowdown``:
-    ``M x M`` factors, model i runs ``corun[i][k]`` times slower while model
-    k runs (a product over the running models; 1 = independent GPUs);
+    brings (its first step on each model feeds them);
     ``extend_buckets``: the captured step lengths (e.g. 1, 2, 4, 8, 16): T is
     padded up to the first one >= T, as a CUDA-graph runtime pads its batch.
+
+    Co-running (models sharing a device), ``corun_law``:
+    ``"launch"`` (the exact chain's law, default unless ``corun_slowdown`` is
+    given): a batch of b on model i lasts the spec's co-running latency
+    ``spec.corun_latency_ms(i, b)`` when at least one other model is busy at
+    its launch (running, or launching in the same pass), ``L_i(b)``
+    otherwise, fixed for the whole step; without ``corun_latency`` in the
+    spec it is the plain simulation.  ``"rate-sharing"``: ``corun_slowdown``,
+    ``M x M`` factors, model i runs ``corun[i][k]`` times slower while model
+    k runs (a product over the running models, re-evaluated at every epoch;
+    1 = independent GPUs); the spec's ``corun_latency`` is not used.
     """
     if not all(hasattr(spec, a) for a in ("M", "P", "C", "latency_ms", "caps")):
         raise SpecError(f"spec must be a SystemSpec (tr_model.make_spec / preset / load_spec), got {type(spec).__name__}")
@@ -337,7 +385,9 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     prompt_tokens = float(prompt_tokens)
     if not math.isfinite(prompt_tokens) or prompt_tokens < 0:
         raise SpecError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
+    law = _resolve_corun_law(corun_law, corun_slowdown, spec)
     corun = _corun_matrix(corun_slowdown, M)
+    lat_co = _corun_latency_table(spec, M, N, lat) if law == "launch" else lat.copy()
     try:
         tb = np.array(sorted(float(t) for t in (extend_buckets or ())), dtype=np.float64)
     except (TypeError, ValueError):
@@ -346,15 +396,17 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         raise SpecError("extend_buckets must be token counts >= 1")
     if ext.any() or (corun != 1.0).any():
         method += "+serving-costs"
+    if (lat_co != lat).any():
+        method += "+corun-launch"
     out = simulate_kernel(pcum, C, exp_tok, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
                           tr_off, tr_model, tr_tok, tr_last, req_tok,
                           np.uint64(seed), sigma, tie_ms,
                           warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,
                           HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS,
-                          ext, prompt_tokens, corun, tb)
+                          ext, prompt_tokens, corun, tb, lat_co)
     wall = time.perf_counter() - t_start
     (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero, hist,
-     launches, launched, max_batch, completions, sojourn_sum, total_steps) = out
+     launches, launched, max_batch, completions, sojourn_sum, total_steps, co_launches) = out
     if status != 0:
         raise SpecError(f"the simulation deadlocked with B = {Bt} (no model could launch)")
     ms_total = float(bin_ms.sum())
@@ -390,4 +442,5 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         request_steps=steps_meas, warmup_steps=int(total_steps) - steps_meas,
         simulated_ms=ms_total, wall_s=wall, seed=int(seed), jitter=jitter,
         caps=tuple(int(c) for c in caps),
-        batch_tokens=tuple(float(x) for x in bt), batch_ms=tuple(float(x) for x in bm))
+        batch_tokens=tuple(float(x) for x in bt), batch_ms=tuple(float(x) for x in bm),
+        corun_law=law, corun_launches=tuple(int(x) for x in co_launches))

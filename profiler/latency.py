@@ -180,6 +180,8 @@ class LatencyProfile:
         d = asdict(self)
         d["batches"] = [asdict(s) for s in self.batches]
         d["fit"] = asdict(self.fit) if self.fit else None
+        if d["corun"] is None:
+            del d["corun"]  # a solo profile reads and writes as before the co-running block existed
         return {"schema_version": LATENCY_SCHEMA_VERSION, "kind": "latency_profile", **d}
 
 
@@ -856,6 +858,8 @@ class _CorunLoop:
             if self.cuda:
                 if torch.device(self.device).index is not None:
                     torch.cuda.set_device(torch.device(self.device))  # the current device is per thread
+                # the prefill and the capture ran on the default stream
+                self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
                 with torch.cuda.stream(self.stream):
                     first = torch.cuda.Event(enable_timing=True)
                     last = torch.cuda.Event(enable_timing=True)

@@ -5,7 +5,11 @@ chain where both apply): ``N`` requests circulate among ``M`` models; model i
 launches a batch when it is idle and at least ``B_i`` requests wait, taking
 ``min(k_i, cap_i)`` of them in FIFO order; a batch of b lasts ``L_i(b)`` ms
 (``spec.latency_ms(i, b)``, real valued, no grid), optionally times a
-mean-one log-normal jitter factor with coefficient of variation ``jitter``.
+mean-one log-normal jitter factor with coefficient of variation ``jitter``;
+with a spec that has ``corun_latency`` a batch launched while another model
+is busy (running, or launching in the same pass) lasts ``Lco_i(b)`` instead
+(the chain's launch law; ``corun_law="rate-sharing"`` selects the older
+rate-sharing law of ``corun_slowdown``).
 After a step a request moves by row i of ``P`` and commits ``C[i][j]`` tokens,
 or, when a routing trace is given, replays the next step of the recorded
 request it was assigned (closed loop: when the recorded request ends, a new

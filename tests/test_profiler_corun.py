@@ -197,3 +197,27 @@ def test_system_corun_bad_input(run_main, profile_files, tmp_path):
     junk.write_text("{")
     assert_error(run_main(*base, "--corun-profile", junk, "none"), "--corun-profile")
     assert not os.path.exists(os.path.join("runs", "profile")) or not os.listdir(os.path.join("runs", "profile"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_corun_profile_in_two_streams(tmp_path, configs, graph):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from profiler.latency import load_model, profile_latency
+    small, large = configs
+    model, name = load_model(config_path=small, dtype="bf16", device="cuda")
+    other, other_name = load_model(config_path=large, dtype="bf16", device="cuda", seed=1)
+    prof = profile_latency(model, name=name, batch_sizes=[1, 4], context=32, device="cuda", dtype="bf16",
+                           cuda_graph=graph, warmup=2, steps=10, corun_model=other, corun_name=other_name,
+                           corun_batch=2)
+    assert prof.timing == "cuda_events" and prof.cuda_graph is graph
+    assert prof.corun["runner"] == "own CUDA stream, second thread" and prof.corun["cuda_graph"] is graph
+    assert prof.corun["steps"] >= 2 and prof.corun["mean_step_ms"] > 0
+    assert all(s.median_ms > 0 and s.count == 10 for s in prof.batches)
+    # the device is idle afterwards: the other model's thread has stopped and its stream drained
+    torch.cuda.synchronize()
+    solo = profile_latency(model, name=name, batch_sizes=[1], context=32, device="cuda", dtype="bf16",
+                           cuda_graph=graph, warmup=2, steps=5)
+    assert solo.corun is None

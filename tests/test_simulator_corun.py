@@ -104,7 +104,8 @@ def test_corun_law_arguments_are_checked(kwargs, needle):
 
 def _configs():
     """24 systems (12 with M = 2, 12 with M = 3): slowdown factors 1-4 or co-running tables, constant or
-    affine L(b), some batch caps; latencies on a 0.5 ms grid so that the chain needs no rounding."""
+    affine L(b) (integer slopes), some batch caps; every latency and co-running latency on a 0.5 ms grid, so
+    the chain needs no rounding and the simulator sees the same numbers."""
     rng = np.random.default_rng(2026)
     factors = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
     out = []
@@ -124,7 +125,7 @@ def _configs():
         L = [float(rng.integers(1, 5)) if i == 0 else float(rng.integers(3, 12)) for i in range(M)]
         curves = None
         if k % 3 == 1:
-            curves = [LatencyCurve("affine", intercept_ms=L[i], per_request_ms=float(rng.choice([0.0, 0.5, 1.0])))
+            curves = [LatencyCurve("affine", intercept_ms=L[i], per_request_ms=float(rng.choice([0.0, 1.0, 2.0])))
                       for i in range(M)]
         corun = []
         for i in range(M):
@@ -142,7 +143,7 @@ def _configs():
             caps[M - 1] = max(1, N // 2)
         B = [1] * M
         if k % 2 == 1:
-            B[M - 1] = int(rng.integers(1, N + 1))
+            B[M - 1] = int(rng.integers(2, N)) if N > 2 else 1   # below N: the model can co-run
         spec = make_spec(L, P, C, delta_ms=0.5, latency_curves=curves, max_batch_size=caps, corun_latency=corun)
         out.append(pytest.param(spec, N, tuple(B), id=f"c{k:02d}-M{M}-N{N}"))
     return out
@@ -169,12 +170,13 @@ def test_chain_equals_the_simulator_under_the_launch_law():
         spec, N, B = par.values
         exact = _chain(spec, N, B)
         sim = simulate(spec, N, B, steps=300_000, seed=17)
-        z = (exact - sim.throughput_tok_s) / (sim.throughput_ci95_tok_s / 1.96)
+        # a deterministic schedule has a zero-width interval: then the two must agree to rounding
+        z = (exact - sim.throughput_tok_s) / max(sim.throughput_ci95_tok_s / 1.96, 1e-9 * exact)
         solo = _chain(_solo(spec), N, B)
         rows.append((par.id, exact, sim.throughput_tok_s, sim.throughput_ci95_tok_s, z, solo, sum(sim.corun_launches)))
     table = "\n".join(f"{r[0]}: chain {r[1]:.4f} sim {r[2]:.4f} +- {r[3]:.4f} z {r[4]:+.2f} solo {r[5]:.4f}"
                       for r in rows)
-    outside = [r for r in rows if abs(r[1] - r[2]) > r[3]]
+    outside = [r for r in rows if abs(r[1] - r[2]) > r[3] + 1e-9 * r[1]]
     # 24 independent 95% intervals: 1.2 expected outside; 4 or more has probability < 3% if all are right
     assert len(outside) <= 3, table
     assert all(abs(r[4]) < 4.0 for r in rows), table

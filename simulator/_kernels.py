@@ -175,7 +175,6 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
         for b in range(lat.shape[1]):
             if lat_co[i, b] != lat[i, b]:
                 use_launch = True
-    launching = np.zeros(M, np.bool_)
     co_launches = np.zeros(M, np.int64)
     tcount = np.full(N, prompt_tokens)      # tokens of each request (prompt + committed)
     seen = np.zeros((N, M))                 # tokens each model's cache covers
@@ -206,13 +205,14 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
 
     while True:
         # launch rule, all idle models in one pass
+        # (a model's launch changes only its own queue and batch, so the launching set is known up front)
         n_busy = 0
+        if use_launch:
+            for j in range(M):
+                if bs[j] > 0 or qk[j] >= thresh[j]:
+                    n_busy += 1
         for j in range(M):
-            launching[j] = bs[j] == 0 and qk[j] >= thresh[j]
-            if bs[j] > 0 or launching[j]:
-                n_busy += 1
-        for j in range(M):
-            if launching[j]:
+            if bs[j] == 0 and qk[j] >= thresh[j]:
                 b = qk[j]
                 if b > caps[j]:
                     b = caps[j]

@@ -122,6 +122,18 @@ def markov_routes(offsets, start, sw, shift, M, model):
 
 
 @nb.njit(cache=True)
+def markov_routes_from(offsets, start, u, switch_from, shift, M, model):
+    """Routes of a Markov router whose switch probability depends on the current model: call i (not a
+    session's first) leaves model ``cur`` when ``u[i] < switch_from[cur]``, for ``cur + shift[i]`` (mod M)."""
+    for s in range(offsets.shape[0] - 1):
+        cur = start[s]
+        for i in range(offsets[s], offsets[s + 1]):
+            if i != offsets[s] and u[i] < switch_from[cur]:
+                cur = (cur + shift[i]) % M
+            model[i] = cur
+
+
+@nb.njit(cache=True)
 def prefix_hits_unbounded(offsets, model, prompt, hist, output, n_models):
     n = prompt.shape[0]
     hits = np.zeros(n, np.int64)

@@ -90,7 +90,7 @@ import numpy as np
 from shadow_prefill.cluster import _kernels as _k
 from shadow_prefill.cluster.policies import SHADOW_MODES, Policy, get_policy
 from shadow_prefill.cluster.power import PowerModel, power_preset
-from shadow_prefill.cluster.workload import (DEFAULT_WINDOWS, RequestSizes, SessionSchedule, next_model_prior,
+from shadow_prefill.cluster.workload import (DEFAULT_WINDOWS, SESSION_DRAWS, RequestSizes, SessionSchedule, next_model_prior,
                                              normal_arrivals, schedule_sessions, synthetic_request_sizes)
 from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import LatencyModel, build_roofline
@@ -194,6 +194,9 @@ class Scenario:
     drain_s: float = 1800.0
     session_rate: float = 0.2
     seed: int = 0
+    # which sessions of the pool a seed replays (workload.schedule_sessions): "shuffle" (a fresh random draw
+    # per seed, the same for every approach of that seed) or "in-order" (the pool's first sessions: issue 16)
+    session_draw: str = "shuffle"
 
     @property
     def multiplier(self) -> float:
@@ -213,6 +216,8 @@ class Scenario:
             raise ShadowError("warmup_s >= 0, measure_s > 0 and drain_s >= 0 are required")
         if not (self.session_rate > 0):
             raise ShadowError(f"session rate must be > 0 sessions/s, got {self.session_rate!r}")
+        if self.session_draw not in SESSION_DRAWS:
+            raise ShadowError(f"session draw must be one of {', '.join(SESSION_DRAWS)}, got {self.session_draw!r}")
 
 
 # ============================================================================ latency models
@@ -587,7 +592,8 @@ def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig
             n_ttft[sel], n_tpot[sel] = _slo_arrays(lm, npr[sel], config)
     # sessions
     if session_starts is None:
-        sched = schedule_sessions(sessions, scenario.session_rate, warm, scenario.measure_s, rng_sess)
+        sched = schedule_sessions(sessions, scenario.session_rate, warm, scenario.measure_s, rng_sess,
+                                  scenario.session_draw)
     else:
         st = np.asarray(session_starts, dtype=np.float64)
         if st.shape != (sessions.n_sessions,) or not np.all(np.isfinite(st)) or np.any(st < 0):

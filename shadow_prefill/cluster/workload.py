@@ -45,7 +45,7 @@ from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.sessions import SessionSet
 
 __all__ = ["mixed_synthetic_sessions", "RequestSizes", "read_azure_trace", "synthetic_request_sizes", "DEFAULT_WINDOWS", "window_multipliers",
-           "next_model_prior", "SessionSchedule", "schedule_sessions", "normal_arrivals"]
+           "next_model_prior", "SessionSchedule", "schedule_sessions", "SESSION_DRAWS", "normal_arrivals"]
 
 DEFAULT_WINDOWS: dict[str, float] = {"peak": 1.0, "median": 0.5, "trough": 0.25}
 
@@ -249,11 +249,23 @@ class SessionSchedule:
     meta: dict = field(default_factory=dict)
 
 
+SESSION_DRAWS = ("shuffle", "in-order")
+
+
 def schedule_sessions(ss: SessionSet, session_rate: float, warmup_s: float, measure_s: float,
-                      rng: np.random.Generator) -> SessionSchedule:
-    """Poisson session starts in ``[0, warmup + measure)``; sessions starting after the warmup are measured."""
+                      rng: np.random.Generator, draw: str = "shuffle") -> SessionSchedule:
+    """Poisson session starts in ``[0, warmup + measure)``; sessions starting after the warmup are measured.
+
+    Which sessions of ``ss`` (the pool) the run replays: ``draw="shuffle"`` (default) a random draw without
+    replacement from the pool, from ``rng`` after the start times, so every seed replays other sessions while
+    every approach of one seed replays the same ones (a paired design that still samples the session draw;
+    beyond the pool's size, further sessions are drawn with replacement); ``"in-order"`` the pool's first
+    sessions in order (issue 16's rule: every seed replayed the same sessions).
+    """
     if not (session_rate > 0 and math.isfinite(session_rate)):
         raise ShadowError(f"session rate must be > 0 sessions/s, got {session_rate!r}")
+    if draw not in SESSION_DRAWS:
+        raise ShadowError(f"session draw must be one of {', '.join(SESSION_DRAWS)}, got {draw!r}")
     end = warmup_s + measure_s
     n = rng.poisson(session_rate * end * 1.1 + 10)
     t = np.cumsum(rng.exponential(1.0 / session_rate, size=n))
@@ -261,12 +273,14 @@ def schedule_sessions(ss: SessionSet, session_rate: float, warmup_s: float, meas
         t = np.concatenate([t, t[-1] + np.cumsum(rng.exponential(1.0 / session_rate, size=n // 4 + 10))])
     t = t[t < end]
     k = t.size
+    first = np.arange(ss.n_sessions, dtype=np.int64) if draw == "in-order" else rng.permutation(ss.n_sessions)
     if k <= ss.n_sessions:
-        src = np.arange(k, dtype=np.int64)
+        src = first[:k]
     else:
-        src = np.concatenate([np.arange(ss.n_sessions), rng.integers(0, ss.n_sessions, size=k - ss.n_sessions)])
+        src = np.concatenate([first, rng.integers(0, ss.n_sessions, size=k - ss.n_sessions)])
     return SessionSchedule(src.astype(np.int64), t, t >= warmup_s,
-                           {"sessions_started": int(k), "resampled": int(max(0, k - ss.n_sessions))})
+                           {"sessions_started": int(k), "resampled": int(max(0, k - ss.n_sessions)),
+                            "session_draw": draw})
 
 
 def mixed_synthetic_sessions(switch_probs: Sequence[float] = (0.1, 0.45), n_sessions: int = 300,

@@ -179,10 +179,15 @@ def _estimate(a: argparse.Namespace, n_models: int | None):
     from profiler.routing import estimate_routing
     traces = list(a.trace)
     if a.trace_format == "r2r":
-        from profiler.r2r import estimate_r2r_routing
+        from profiler.r2r import estimate_r2r_requests, read_r2r
         if n_models not in (None, 2):
             raise SpecError(f"R2R records describe two models (small, large); --models is {n_models}")
-        return estimate_r2r_routing(traces, alpha=getattr(a, "alpha", 0.05))
+        alpha = getattr(a, "alpha", 0.05)
+        if not 0 < alpha < 1:
+            raise SpecError(f"--alpha must lie in (0, 1), got {alpha}")
+        t0 = time.perf_counter()
+        a.r2r_requests = read_r2r(traces)  # kept for --trace-out
+        return estimate_r2r_requests(a.r2r_requests, alpha=alpha, started=t0)
     if len(traces) > 1:
         raise SpecError("several --trace files are read with --trace-format r2r; a routing trace is one file "
                         "(concatenate them, with distinct request ids)")
@@ -409,8 +414,17 @@ def cmd_routing(a: argparse.Namespace) -> int:
         raise SpecError("give either --L or --latency-profile, not both")
     if a.models is not None and not 1 <= a.models <= 64:
         raise SpecError(f"--models must be in 1..64, got {a.models}")
+    if a.trace_out:
+        if a.trace_format != "r2r":
+            raise SpecError("--trace-out converts R2R records: use it with --trace-format r2r")
+        check_out_path(a.trace_out, "--trace-out")
     est = _estimate(a, a.models)
     rows, lines = _routing_summary(est)
+    if a.trace_out:
+        from profiler.r2r import r2r_routing_trace
+        from tr_core.routing_trace import write_trace
+        write_trace(r2r_routing_trace(a.r2r_requests), a.trace_out)
+        lines.append(f"routing trace: {a.trace_out}")
     if a.trace_format == "r2r":
         lines.insert(0, f"R2R records: {est.lines} tokens in {est.final_steps} requests from {len(a.trace)} file(s); a "
                         f"reference token = a small-model step whose token is discarded + a large-model step")
@@ -748,6 +762,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "R2R per-token records (CSV, JSON lines or Parquet; one file per request, or a request_id "
                         "column)")
     _trace_format_arg(q)
+    q.add_argument("--trace-out", metavar="FILE.jsonl", help="with --trace-format r2r: also write the records as "
+                   "this project's routing trace (last step of a request next_model = -1), e.g. for "
+                   "'tr-optimize --method simulate --trace'")
     q.add_argument("--models", type=int, default=None, help="number of models M (default: from the trace)")
     q.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
     add_list_arg(q, "--L", metavar="MS", help="step latency L_i of each model in ms, e.g. --L 6 27.9")

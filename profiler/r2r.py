@@ -57,7 +57,7 @@ FORMATS = ("csv", "jsonl", "parquet")
 MAX_POSITION = 2 ** 62
 
 __all__ = ["SOURCES", "REQUIRED", "R2RRequests", "read_r2r", "r2r_accumulator", "estimate_r2r_routing",
-           "detect_format"]
+           "detect_format", "r2r_routing_trace", "estimate_r2r_requests"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,11 +352,48 @@ def r2r_accumulator(req: R2RRequests, *, age_cap: int = 2048) -> TraceAccumulato
 def estimate_r2r_routing(paths: Sequence[str | os.PathLike] | str, *, alpha: float = 0.05, fmt: str | None = None,
                          age_cap: int = 2048):
     """Estimate P (95% Wilson intervals), C and the run-length fits from R2R per-token records."""
-    from profiler.routing import estimate_from_accumulator
     if not (0 < alpha < 1):
         raise TraceError(f"--alpha must lie in (0, 1), got {alpha}")
     t0 = time.perf_counter()
     req = read_r2r(paths, fmt=fmt)
+    return estimate_r2r_requests(req, alpha=alpha, age_cap=age_cap, started=t0)
+
+
+def estimate_r2r_requests(req: R2RRequests, *, alpha: float = 0.05, age_cap: int = 2048,
+                          started: float | None = None):
+    """:func:`estimate_r2r_routing` on records already read (``started``: perf_counter at the start of reading)."""
+    from profiler.routing import estimate_from_accumulator
+    t0 = time.perf_counter() if started is None else started
     acc = r2r_accumulator(req, age_cap=age_cap)
-    src = ", ".join(req.files)
-    return estimate_from_accumulator(acc, n_models=2, alpha=alpha, source=src, seconds=time.perf_counter() - t0)
+    return estimate_from_accumulator(acc, n_models=2, alpha=alpha, source=", ".join(req.files),
+                                     seconds=time.perf_counter() - t0)
+
+
+def r2r_routing_trace(req: R2RRequests):
+    """The same requests as a :class:`tr_core.routing_trace.RoutingTrace` (for the simulator's replay).
+
+    The steps of the mapping above, with the format's end rule: the request's last step carries
+    ``next_model = -1`` (so the replay runs exactly the recorded steps; an estimate from this trace loses
+    each request's last decision, as a ``route-run`` trace does).  Request ids are 0, 1, ... in order of
+    first appearance; a request recorded from position p > 0 starts at step p (steps >= positions).
+    """
+    from tr_core.routing_trace import RoutingTrace
+    if req.n_tokens == 0:
+        raise TraceError("no R2R records to convert")
+    ref = req.is_reference.astype(np.int64)
+    per_token = 1 + ref
+    first = np.cumsum(per_token) - per_token  # index of each token's small-model step
+    total = int(per_token.sum())
+    model = np.zeros(total, dtype=np.int64)
+    nxt = np.zeros(total, dtype=np.int64)
+    tokens = np.zeros(total, dtype=np.float64)
+    nxt[first] = ref
+    tokens[first] = 1.0 - ref
+    second = first[ref == 1] + 1
+    model[second] = 1
+    tokens[second] = 1.0
+    last_token = req.offsets[1:] - 1
+    nxt[first[last_token] + per_token[last_token] - 1] = -1
+    offsets = np.append(first[req.offsets[:-1]], total).astype(np.int64)
+    firsts = tuple(int(p) for p in req.first_positions) if np.any(req.first_positions) else ()
+    return RoutingTrace(offsets, model, nxt, tokens, tuple(range(req.n_requests)), False, firsts)

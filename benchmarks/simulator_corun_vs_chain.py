@@ -6,8 +6,8 @@ Usage::
 
 Systems: R2R (p = 0.35, L = 6.0 / 27.9 ms, delta 0.1 ms) with the co-running factors of the H200 probe
 (``../shared/data/h200-profiles/corun-probe.md``: the small model x2.8 at b = 1 rising to x3.6 at b = 16,
-entered as a table on the grid; the large model x1.05), and a three-model ME system with factors 2 / 1.5 /
-1.1, at a few N and thresholds.  For each: the chain's throughput (``optimizer.evaluate_thresholds``), the
+entered as a table on the grid; the large model 29.3 ms = x1.05 on the grid), and a three-model ME system with factors 2 / 1.5 /
+1.1 (30.7 ms), at a few N and thresholds.  For each: the chain's throughput (``optimizer.evaluate_thresholds``), the
 simulator's estimate with its 95% interval, z = (chain - sim) / (half-width / 1.96), the solo chain (no
 co-running) for scale, and the share of launches that ran co-located.  Then the simulator's speed on the
 same point with and without co-running latencies (median of ``--repeats`` runs, request-steps per second).
@@ -42,9 +42,11 @@ def systems():
     out = []
     for N, B in ((2, (1, 1)), (4, (1, 1)), (4, (1, 3)), (8, (1, 1)), (8, (1, 4))):
         spec = make_spec([6.0, 27.9], r2r.P, r2r.C, name="r2r-corun",
-                         corun_latency=[_small_table(6.0, N), {"slowdown": 1.05}])
+                         corun_latency=[_small_table(6.0, N),
+                                        {"batch_size": [1], "step_latency_ms": [29.3]}])
         out.append(("R2R probe factors", spec, r2r, N, B))
-    me_co = make_spec([6.0, 15.0, 27.9], me.P, me.C, name="me-corun", corun_latency=[2.0, 1.5, 1.1])
+    me_co = make_spec([6.0, 15.0, 27.9], me.P, me.C, name="me-corun",
+                      corun_latency=[2.0, 1.5, {"batch_size": [1], "step_latency_ms": [30.7]}])
     for N, B in ((3, (1, 1, 1)), (6, (1, 2, 3))):
         out.append(("ME factors 2/1.5/1.1", me_co, me, N, B))
     return out

@@ -257,6 +257,8 @@ def cmd_latency(a: argparse.Namespace) -> int:
     if a.corun is not None:
         if not os.path.exists(a.corun):
             raise SpecError(f"--corun {a.corun!r} does not exist (a config.json file or a model folder)")
+        if os.path.isdir(a.corun) and not os.path.exists(os.path.join(a.corun, "config.json")):
+            raise SpecError(f"--corun {a.corun!r} is a folder without config.json (a local model folder)")
         if corun_batch < 1:
             raise SpecError(f"--corun-batch-size must be >= 1, got {corun_batch}")
         if a.measure_overhead:
@@ -412,6 +414,9 @@ def cmd_routing(a: argparse.Namespace) -> int:
         check_out_path(a.out)
     if a.L is not None and a.latency_profile:
         raise SpecError("give either --L or --latency-profile, not both")
+    if a.corun_profile and a.L is None and not a.latency_profile:
+        raise SpecError("--corun-profile needs the solo latencies too (--L or --latency-profile): it adds the "
+                        "co-running tables to a spec")
     if a.models is not None and not 1 <= a.models <= 64:
         raise SpecError(f"--models must be in 1..64, got {a.models}")
     if a.trace_out:

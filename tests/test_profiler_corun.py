@@ -101,6 +101,8 @@ def test_latency_corun_bad_input(run_main, configs, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"hidden_size": 8}))
     assert_error(run_main(*base, "--corun", bad), "--corun", "model_type")
+    (tmp_path / "empty").mkdir()
+    assert_error(run_main(*base, "--corun", tmp_path / "empty"), "--corun", "without config.json")
     assert not os.path.exists(os.path.join("runs", "profile")) or not os.listdir(os.path.join("runs", "profile"))
 
 
@@ -178,6 +180,18 @@ def test_system_assembles_solo_and_corun_curves(run_main, profile_files, tmp_pat
     r = run_main(*base, "--corun-profile", f["c0low"], "none", "--out", tmp_path / "low.json")
     assert r.returncode == 0, r.stderr
     assert "co-running median is below the solo one at b = 1" in r.stderr
+
+
+def test_routing_adds_corun_tables_to_given_latencies(run_main, profile_files, tmp_path):
+    f = profile_files
+    r = run_main("routing", "--trace", f["trace"], "--L", "2", "26", "--corun-profile", "none", f["c1"],
+                 "--out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    spec = load_spec(tmp_path / "r.json")
+    assert spec.corun_latency_ms(0, 3) == spec.latency_ms(0, 3) == 2.0
+    assert spec.corun_latency_ms(1, 1) == pytest.approx(27.0) and spec.corun_latency_ms(1, 16) == pytest.approx(31.5)
+    assert_error(run_main("routing", "--trace", f["trace"], "--corun-profile", f["c0"], "none"),
+                 "--corun-profile", "--L or --latency-profile")
 
 
 def test_system_corun_bad_input(run_main, profile_files, tmp_path):

@@ -706,7 +706,7 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
         return json.dumps(doc, indent=1) + "\n"
     pred = doc["predicted_file"] is not None
     headers = ["N", "requests", "retries", "measured_tok_s", "ci95_tok_s", "per_request_tok_s", "per_request_ci95",
-               "latency_s", "llm_ratio", "idle", "load_avg"]
+               "latency_s", "llm_ratio", "idle", "server_in_flight", "load_avg"]
     if pred:
         headers += ["B", "predicted_tok_s", "ratio"]
     rows = []
@@ -714,7 +714,7 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
         row = [r["N"], r["window_requests"], r["retries"], _num(r["throughput_tok_s"]),
                _num(r["throughput_ci95_tok_s"]), _num(r["per_request_tok_s"]), _num(r["per_request_ci95_tok_s"]),
                _num(r["mean_latency_s"], 3), _num(r["llm_ratio"], 4), _num(r["client_idle_fraction"], 4),
-               _num(r["load_average"][1])]
+               _num(r["server_mean_in_flight"], 3), _num(r["load_average"][1])]
         if pred:
             B = r.get("B")
             row += [" ".join(map(str, B)) if isinstance(B, list) else "-", _num(r["predicted_tok_s"]),
@@ -724,7 +724,8 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
         return to_csv(headers, rows)
     head = (f"{doc['url']} ({doc['endpoint']}, model {doc['model']}), max_tokens {doc['max_tokens']}, "
             f"{doc['warmup_s']:g} s warm-up + {doc['duration_s']:g} s window per N, rates x{doc['time_scale']:g} "
-            f"(time scale); 95% intervals; idle = clients' time between requests\n")
+            f"(time scale); 95% intervals; idle = clients' time between requests; server_in_flight = mean requests "
+            f"inside the server (tr-autotune serve only)\n")
     return head + format_table(headers, rows) + "\n"
 
 

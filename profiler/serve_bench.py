@@ -18,7 +18,11 @@ server's model time when it runs time-scaled):
 * **per-request speed**: mean of tokens / lifetime over the requests sent and
   answered inside the window, with a Student-t 95 % interval;
 * ``llm_ratio``: token-weighted mean of the server's ``llm_ratio`` (R2R's
-  field; ``llm_percentage`` / 100 also read) when the server reports it.
+  field; ``llm_percentage`` / 100 also read) when the server reports it;
+* ``server_mean_in_flight``: against ``tr-autotune serve`` (whose ``/health``
+  reports the integral of its in-flight count), the time-averaged number of
+  requests inside the runtime over the window: N minus what the HTTP hand-offs
+  between one request and the next cost.
 
 Failures: a connection error, a timeout, HTTP 408/429/5xx or a malformed
 body is retried (up to ``max_retries`` times per request, counted and
@@ -388,6 +392,7 @@ class PhaseResult:
     llm_ratio: float | None
     client_idle_fraction: float
     load_average: tuple
+    server_mean_in_flight: float | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, load_average=list(self.load_average))
@@ -399,8 +404,8 @@ def _prompt(rng: random.Random, words: int) -> str:
 
 def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retries: int = 3,
               slices: int = 10, time_scale: float = 1.0, prompt_words: int = 16, seed: int = 0,
-              clock: Callable[[], float] = time.monotonic, on_progress: Callable[[str], None] | None = None
-              ) -> PhaseResult:
+              clock: Callable[[], float] = time.monotonic, on_progress: Callable[[str], None] | None = None,
+              track_server: bool = True) -> PhaseResult:
     """Keep N requests in flight for ``warmup_s + duration_s`` wall seconds (plus the tail) and measure."""
     if N > MAX_CLIENTS:
         raise LimitError(f"--N {N}: at most {MAX_CLIENTS} concurrent clients (one thread each)")
@@ -473,10 +478,28 @@ def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retr
     for w in workers:
         w.thread = threading.Thread(target=client, args=(w,), name=f"serve-bench-{w.index}", daemon=True)
         w.thread.start()
+    marks: dict[str, Any] = {}
+
+    def server_mark(name: str) -> None:
+        """The server's in-flight integral (tr-autotune serve's /health), when it reports one."""
+        try:
+            status, doc = get_json(t, "/health", min(2.0, t.request_timeout_s))
+        except BenchError:
+            return
+        if status == 200 and isinstance(doc, dict) and isinstance(doc.get("in_flight_request_s"), (int, float)) \
+                and isinstance(doc.get("clock_s"), (int, float)):
+            marks[name] = (float(doc["in_flight_request_s"]), float(doc["clock_s"]))
+
     try:
         announced = False
         while any(w.thread.is_alive() for w in workers):
             now = clock()
+            if "start" not in marks and now >= t_start and track_server:
+                server_mark("start")
+                marks.setdefault("start", None)
+            if "end" not in marks and now >= t_end and track_server:
+                server_mark("end")
+                marks.setdefault("end", None)
             for w in workers:  # the watchdog: a whole request may not take longer than its timeout
                 since = w.attempt_since
                 if since is not None and now - since > t.request_timeout_s:
@@ -497,7 +520,12 @@ def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retr
         e = state["fatal"]
         raise e if isinstance(e, TRError) else BenchError(f"a client failed: {_describe(e)}")
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    return _summarize(N, records, workers, t_start, t_end, time_scale, slices, state["retries"], (load0, load1))
+    r = _summarize(N, records, workers, t_start, t_end, time_scale, slices, state["retries"], (load0, load1))
+    a, b = marks.get("start"), marks.get("end")
+    if a and b and b[1] > a[1]:
+        from dataclasses import replace
+        r = replace(r, server_mean_in_flight=(b[0] - a[0]) / (b[1] - a[1]))
+    return r
 
 
 class _Stop(Exception):

@@ -100,6 +100,14 @@ class RuntimeService:
         self.tokens_total = 0.0
         self.failure: str | None = None
         self.started_at = time.time()
+        self.in_flight_s = 0.0      # integral of the in-flight count over loop time (request-seconds)
+        self._tick_t: float | None = None
+
+    def _tick(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._tick_t is not None:
+            self.in_flight_s += len(self.in_flight) * (now - self._tick_t)
+        self._tick_t = now
 
     # ---- life cycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +184,7 @@ class RuntimeService:
             req = Request(rid=rid, client=0, max_output_tokens=int(max_tokens),
                           rng=random.Random(f"{self.seed}:{rid}"), token_ids=list(prompt_ids),
                           prompt_len=len(prompt_ids))
+            self._tick()
             self.in_flight.add(req)
             try:
                 if self.failure is not None:
@@ -184,6 +193,7 @@ class RuntimeService:
             except RuntimeError as e:
                 raise RequestError(str(e), status=503, kind="server_error") from None
             finally:
+                self._tick()
                 self.in_flight.discard(req)
         finally:
             self._sem.release()
@@ -198,7 +208,14 @@ class RuntimeService:
                 "output_ids": list(req.token_ids[req.prompt_len:])}
 
     def health(self) -> dict:
+        """What ``GET /health`` answers; ``in_flight_request_s`` / ``clock_s`` differences over a window give the
+        time-averaged number of requests inside the runtime (serve-bench reports it)."""
         active = len(self.in_flight)
+        try:
+            self._tick()
+            clock = asyncio.get_running_loop().time()
+        except RuntimeError:  # no running loop (called from outside the server)
+            clock = None
         try:
             current = list(self.thresholds.lookup(active))
         except Exception:  # noqa: BLE001 - health must answer
@@ -209,9 +226,12 @@ class RuntimeService:
                "in_flight": active, "waiting_admission": self.waiting_admission,
                "max_concurrency": self.max_concurrency, "completed_requests": self.completed,
                "completed_tokens": self.tokens_total, "uptime_s": time.time() - self.started_at,
+               "in_flight_request_s": self.in_flight_s, "clock_s": clock,
                "thresholds": {"source": self.thresholds_label, "current": current,
                               "last_error": getattr(self.thresholds, "last_error", None)},
-               "relative_timer_noise": getattr(self.executor, "relative_timer_noise", None)}
+               "relative_timer_noise": getattr(self.executor, "relative_timer_noise", None),
+               "timer_overshoot_s": getattr(self.executor, "overshoot_s_total", None),
+               "timer_nominal_s": getattr(self.executor, "nominal_s_total", None)}
         if self.failure is not None:
             doc["error"] = self.failure
         return doc

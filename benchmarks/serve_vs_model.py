@@ -4,8 +4,10 @@ For N = 1..--N-max: computes the thresholds file (tr_model.autotune.tune), start
 localhost (emulated executor, every step lasting L_i(b) x --time-scale), keeps exactly N requests in flight
 with serve-bench's closed loop (profiler.serve_bench.run_phase) and prints, per N, the prediction, the
 measurement with its 95 % interval, the ratio, the same service on the virtual clock (no timer, no HTTP:
-what finite requests alone cost against the chain's endless ones), the emulator's timer overshoot over the
-window, the mean number of requests inside the server, and the load average.
+what finite requests alone cost against the chain's endless ones), each model's mean step overshoot over the
+window (the emulator's timer lateness, from /health) and the chain evaluated at those longer steps (what is
+left between it and the measurement is the runtime's and the HTTP layer's own cost), the mean number of
+requests inside the server, and the load average.
 
     .venv/bin/python benchmarks/serve_vs_model.py --time-scale 5 --max-tokens 64 --duration-s 60
 """
@@ -81,6 +83,7 @@ def main() -> int:
                     "(0: skip it)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "serve_vs_model.json"))
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # stop the server too
 
     spec = tr_model.preset("r2r", a.L, p=a.p)
     work = tempfile.mkdtemp(prefix="serve-vs-model-")
@@ -104,8 +107,8 @@ def main() -> int:
     url = box[0].split(" on ")[-1].strip()
     t = sb.Target("http", "127.0.0.1", port, "", "chat", "tokenrouter", a.max_tokens)
     rows = []
-    header = ("| N | B*(N) | predicted tok/s | measured tok/s (95% CI) | ratio | in CI + overshoot | virtual clock tok/s "
-              "(ratio) | timer overshoot | server in-flight | load avg |")
+    header = ("| N | B*(N) | predicted tok/s | measured tok/s (95% CI) | ratio | step overshoot ms (0, 1) | predicted at "
+              "L + overshoot | ratio | inside CI | virtual clock (ratio) | server in-flight | load avg |")
     print(f"server {url}, time scale {a.time_scale:g}, max_tokens {a.max_tokens}, {a.warmup_s:g} s warm-up + "
           f"{a.duration_s:g} s window per N; {platform.node()}, {os.cpu_count()} CPUs", flush=True)
     print(header)
@@ -116,21 +119,29 @@ def main() -> int:
             r = sb.run_phase(t, n, warmup_s=a.warmup_s, duration_s=a.duration_s, time_scale=a.time_scale)
             h1 = sb.get_json(t, "/health", 5)[1]
             pred = table.predicted(n)
-            # timer overshoot of this phase (the executor's totals are cumulative: difference them)
-            d_over = h1["timer_overshoot_s"] - h0["timer_overshoot_s"]
-            d_nom = h1["timer_nominal_s"] - h0["timer_nominal_s"]
-            noise = d_over / d_nom if d_nom > 0 else math.nan
+            # each model's mean wake-up lateness per step in this phase (model ms; the totals are cumulative)
+            late = []
+            for i in range(spec.M):
+                ds = h1["timer_by_model"][i]["steps"] - h0["timer_by_model"][i]["steps"]
+                do = h1["timer_by_model"][i]["overshoot_s"] - h0["timer_by_model"][i]["overshoot_s"]
+                late.append(1000.0 * do / ds / a.time_scale if ds else 0.0)
             ratio = r.throughput_tok_s / pred
-            inside = pred * (1 - noise) - r.throughput_ci95_tok_s <= r.throughput_tok_s <= pred + r.throughput_ci95_tok_s
+            B = table.lookup(n)
+            # the chain at the step lengths the emulator actually produced: what is left is the runtime's own cost
+            spec_late = tr_model.preset("r2r", [L + d for L, d in zip(a.L, late)], p=a.p)
+            pred_late = tr_model.evaluate(spec_late, n, B, round_to_grid=True).throughput_tok_s
+            ratio_late = r.throughput_tok_s / pred_late
+            inside = abs(r.throughput_tok_s - pred_late) <= r.throughput_ci95_tok_s
             vref = virtual_reference(spec, table, n, a.max_tokens, a.virtual_s) if a.virtual_s > 0 else math.nan
-            row = {"N": n, "B": list(table.lookup(n)), "predicted_tok_s": pred, **r.as_dict(), "ratio": ratio,
-                   "virtual_tok_s": vref, "relative_timer_noise": noise,
-                   "completed_before": h0["completed_requests"], "in_ci_plus_overshoot": inside}
+            row = {"N": n, "B": list(B), "predicted_tok_s": pred, **r.as_dict(), "ratio": ratio,
+                   "step_overshoot_ms": late, "predicted_at_overshoot_tok_s": pred_late, "ratio_at_overshoot":
+                   ratio_late, "inside_ci_at_overshoot": inside, "virtual_tok_s": vref}
             rows.append(row)
-            print(f"| {n} | {' '.join(map(str, table.lookup(n)))} | {pred:.2f} | {r.throughput_tok_s:.2f} +- "
-                  f"{r.throughput_ci95_tok_s:.2f} | {ratio:.3f} | {'yes' if inside else 'no'} | {vref:.2f} "
-                  f"({vref / pred:.4f}) | {100 * noise:.2f}% | {r.server_mean_in_flight or math.nan:.3f} | "
-                  f"{r.load_average[0]:.1f}-{r.load_average[1]:.1f} |", flush=True)
+            print(f"| {n} | {' '.join(map(str, B))} | {pred:.2f} | {r.throughput_tok_s:.2f} +- "
+                  f"{r.throughput_ci95_tok_s:.2f} | {ratio:.3f} | {late[0]:.2f}, {late[1]:.2f} | {pred_late:.2f} | "
+                  f"{ratio_late:.3f} | {'yes' if inside else 'no'} | {vref:.2f} ({vref / pred:.4f}) | "
+                  f"{r.server_mean_in_flight or math.nan:.3f} | {r.load_average[0]:.1f}-{r.load_average[1]:.1f} |",
+                  flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

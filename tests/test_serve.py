@@ -458,11 +458,12 @@ def test_summary_integrates_prorated_tokens_exactly():
 @pytest.mark.slow
 def test_serve_bench_against_tr_autotune_serve_matches_the_chain(tmp_path):
     """B*(N) from the chain, served by the runtime (time scale 5) over HTTP, measured by serve-bench at N = 4, 8
-    with 64-token requests: measured = predicted within the measurement's 99.9 % interval (the 95 % half-width
-    x 3.29 / 1.96) plus what the chain does not see, each measured, not fitted: the emulator's timer overshoot
-    over the run (the server's /health reports it, as a fraction of the nominal step time) and 2 % for the rest --
-    finite requests (a finished request lowers the active count until its client's next one arrives: -0.5 % at
-    64 tokens on the virtual clock, benchmarks/RESULTS.md) and event-loop lag beyond the timer under load."""
+    with 64-token requests.  The emulator's steps run late by the timer's wake-up lateness, which the server
+    measures per model (/health timer_by_model); the chain evaluated at those step lengths must match the
+    measurement within the measurement's 99.9 % interval (the 95 % half-width x 3.29 / 1.96) plus 2 % for what
+    the chain does not see: finite requests (a finished request lowers the active count until its client's next
+    one arrives: -0.5 % at 64 tokens on the virtual clock, benchmarks/RESULTS.md) and event-loop lag beyond the
+    timer under load.  (The plain prediction's 10 % target is the benchmark's: benchmarks/serve_vs_model.py.)"""
     from tr_model.autotune import tune
     th = tmp_path / "th.json"
     table = tune(SPEC, 8, th)
@@ -473,13 +474,14 @@ def test_serve_bench_against_tr_autotune_serve_matches_the_chain(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["time_scale"] == 5.0
-    noise = health["relative_timer_noise"]
+    late = [1000 * t["overshoot_s"] / t["steps"] / 5.0 for t in health["timer_by_model"]]  # model ms per step
+    spec_late = tr_model.preset("r2r", [6.0 + late[0], 27.9 + late[1]], p=0.35)
     for row in doc["results"]:
         n = row["N"]
         pred = table.predicted(n)
         assert row["predicted_tok_s"] == pytest.approx(pred) and row["B"] == list(table.lookup(n))
+        pred_late = tr_model.evaluate(spec_late, n, table.lookup(n), round_to_grid=True).throughput_tok_s
         h = row["throughput_ci95_tok_s"] * 3.29 / 1.96
-        lo, hi = pred * (1 - noise - 0.02) - h, pred + h
-        assert lo <= row["throughput_tok_s"] <= hi, (n, row, noise)
+        assert pred_late * 0.98 - h <= row["throughput_tok_s"] <= pred_late + h, (n, row, late, pred_late)
         assert row["retries"] == 0 and abs(row["llm_ratio"] - 0.35) < 0.05
         assert row["server_mean_in_flight"] == pytest.approx(n, rel=0.02)   # HTTP hand-offs cost < 2 % of N

@@ -207,6 +207,13 @@ class RuntimeService:
                 "tokens_by_model": [req.committed_by_model.get(i, 0.0) for i in range(self.spec.M)],
                 "output_ids": list(req.token_ids[req.prompt_len:])}
 
+    def _timer_by_model(self) -> list | None:
+        over = getattr(self.executor, "overshoot_s_by_model", None)
+        steps = getattr(self.executor, "steps_by_model", None)
+        if over is None or steps is None:
+            return None
+        return [{"steps": int(steps.get(i, 0)), "overshoot_s": float(over.get(i, 0.0))} for i in range(self.spec.M)]
+
     def health(self) -> dict:
         """What ``GET /health`` answers; ``in_flight_request_s`` / ``clock_s`` differences over a window give the
         time-averaged number of requests inside the runtime (serve-bench reports it)."""
@@ -231,7 +238,8 @@ class RuntimeService:
                               "last_error": getattr(self.thresholds, "last_error", None)},
                "relative_timer_noise": getattr(self.executor, "relative_timer_noise", None),
                "timer_overshoot_s": getattr(self.executor, "overshoot_s_total", None),
-               "timer_nominal_s": getattr(self.executor, "nominal_s_total", None)}
+               "timer_nominal_s": getattr(self.executor, "nominal_s_total", None),
+               "timer_by_model": self._timer_by_model()}
         if self.failure is not None:
             doc["error"] = self.failure
         return doc

@@ -63,6 +63,8 @@ class EmulatedExecutor(StepExecutor):
         self.overshoot_s_total = 0.0
         self.nominal_s_total = 0.0
         self.steps = 0
+        self.overshoot_s_by_model: dict[int, float] = {}  # per model: wake-up lateness summed over its steps
+        self.steps_by_model: dict[int, int] = {}
 
     async def step(self, model: int, batch: Sequence[Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -88,9 +90,12 @@ class EmulatedExecutor(StepExecutor):
             if left <= 0:
                 break
             await asyncio.sleep(left)
-        self.overshoot_s_total += loop.time() - deadline
+        late = loop.time() - deadline
+        self.overshoot_s_total += late
         self.nominal_s_total += nominal
         self.steps += 1
+        self.overshoot_s_by_model[model] = self.overshoot_s_by_model.get(model, 0.0) + late
+        self.steps_by_model[model] = self.steps_by_model.get(model, 0) + 1
         return None
 
     # ---- co-running: models share the device and progress at rate 1 / prod_k corun[i][k] ----------------------

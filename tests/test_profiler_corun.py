@@ -83,6 +83,17 @@ def test_latency_corun_on_cpu_threads(run_main, configs, tmp_path):
     assert r.returncode == 0, r.stderr
     solo = load_latency_profile(tmp_path / "solo.json")
     assert not solo.is_corun and solo.config_sha256 == prof.config_sha256
+    # measured profiles assemble into one spec (model 1 here is the same architecture, profiled solo only)
+    trace = tmp_path / "t.jsonl"
+    write_synthetic_trace(trace, [[0.7, 0.3], [1.0, 0.0]], [[1, 0], [1, 0]], n_requests=10, steps_per_request=10)
+    r = run_main("system", "--trace", trace, "--latency-profile", tmp_path / "solo.json", tmp_path / "solo.json",
+                 "--corun-profile", kept[0], "none", "--delta-ms", "auto", "--out", tmp_path / "spec.json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    spec = load_spec(tmp_path / "spec.json")
+    assert spec.has_corun and spec.provenance["corun_latency"][0]["corun"]["model"] == "large"
+    co = spec.provenance["corun_latency"][0]
+    assert co["median_ms"] == [b["median_ms"] for b in doc["batches"]]
+    assert spec.corun_latency_ms(1, 3) == spec.latency_ms(1, 3)
     # the table output says what ran beside the model
     r = run_main("latency", "--config", small, "--corun", large, "--batch-sizes", "2", "--context", "8",
                  "--steps", "2", "--threads", "1")

@@ -194,3 +194,15 @@ def test_chain_equals_the_simulator_quick():
         sim = simulate(spec, N, B, steps=200_000, seed=5)
         assert abs(exact - sim.throughput_tok_s) <= 1.5 * sim.throughput_ci95_tok_s, (par.id, exact, sim.ci95)
         assert abs(_chain(_solo(spec), N, B) - sim.throughput_tok_s) > 5 * sim.throughput_ci95_tok_s
+
+
+def test_launch_law_applies_to_trace_replay_and_jitter():
+    from simulator import generate_trace
+    R2R = preset("r2r", [6.0, 27.9], p=0.35)
+    co = make_spec([6.0, 27.9], R2R.P, R2R.C, corun_latency=[3.0, 1.05])
+    trace = generate_trace(R2R, 300, 30, seed=1)
+    plain = simulate(R2R, 6, (1, 2), steps=100_000, seed=4, trace=trace, jitter=0.3)
+    slow = simulate(co, 6, (1, 2), steps=100_000, seed=4, trace=trace, jitter=0.3)
+    assert slow.method == "simulate:trace+corun-launch" and plain.corun_launches == (0, 0)
+    assert all(c > 0 for c in slow.corun_launches)
+    assert slow.throughput_tok_s < plain.throughput_tok_s - 3 * (slow.throughput_ci95_tok_s + plain.throughput_ci95_tok_s)

@@ -173,11 +173,13 @@ def outcome_table(N, M, P):
 
 
 @njit(cache=True)
-def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty, free, k2, b2, r2):
+def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, k2, b2, r2):
     """Post-launch keys reachable from the pre-decision configuration (k, b, r); returns their count.
 
     A model is idle when ``r == 0``.  With ``empty``, an idle model may also start an empty batch
-    (busy for ``d[j, 0]`` quanta, serving nobody).
+    (busy for ``d[j, 0]`` quanta, serving nobody).  With ``corun`` (the launch law of the chain), a
+    launch takes ``dco`` when another model runs (``r > 0`` here: after the epoch's completions) or
+    launches in the same decision, empty batches included; otherwise ``d``.
     """
     nf = 0
     for j in range(M):
@@ -203,7 +205,19 @@ def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty, free, k2, b2, r2):
                 take = k2[j] if k2[j] < caps[j] else caps[j]
                 b2[j] = take
                 k2[j] -= take
-                r2[j] = d[j, take]
+                r2[j] = -1 - take          # marked; the duration is set once the decision is complete
+        nrun = 0
+        nlaunch = 0
+        for j in range(M):
+            if r2[j] > 0:
+                nrun += 1
+            elif r2[j] < 0:
+                nlaunch += 1
+        co = corun and (nrun > 0 or nlaunch > 1)
+        for j in range(M):
+            if r2[j] < 0:
+                take = -1 - r2[j]
+                r2[j] = dco[j, take] if co else d[j, take]
         running = False
         for j in range(M):
             if r2[j] > 0:
@@ -215,8 +229,11 @@ def _options(k, b, r, lo, hi, caps, d, M, bn, br, out, empty, free, k2, b2, r2):
 
 
 @njit(cache=True)
-def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
+def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
     """Enumerate the decision process of the threshold box ``lo <= B <= hi``.
+
+    ``dco``/``corun``: co-running durations and whether the chain's launch law uses them (see
+    :func:`_options`); every threshold vector of the box is still one stationary policy of it.
 
     Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)``:
     state ``s`` has routing outcomes ``out_ptr[s]:out_ptr[s+1]`` (merged,
@@ -258,7 +275,7 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
     # initial configuration: all N wait at model 0, every allowed first decision is a start state
     k[0] = N
     n = 0
-    cnt = _options(k, b, r, lo, hi, caps, d, M, bn, br, optbuf, empty, sf, sk, sb, sr)
+    cnt = _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
     if cnt == 0:
         return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
     for q in range(cnt):
@@ -337,7 +354,7 @@ def mdp_build(N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, max_states
                 opt_ptr = _grow(opt_ptr, nu + 3)
             out_prob[nu] = uprob[o]
             _unpack(last, k2, b2, r2, M, bn, br)
-            cnt = _options(k2, b2, r2, lo, hi, caps, d, M, bn, br, optbuf, empty, sf, sk, sb, sr)
+            cnt = _options(k2, b2, r2, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
             if cnt == 0:
                 return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
             if ne + cnt > max_entries:
@@ -424,26 +441,32 @@ def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
 # it, so its certificate bounds the fine chain; the state space shrinks by about c per residual.
 
 @njit(cache=True)
-def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
+def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
     """Expand configurations ``cfg[:ncfg]`` (rows k | b | r | wmax | lmin) by every allowed launch decision
     into ``out``.
 
     Per idle model j: wait (when ``k_j < hi_j``), or launch all waiting (when ``k_j >= max(lo_j, 1)``,
-    forced at ``k_j >= hi_j``) for ``dlo`` or ``dhi`` slots.  ``wmax_j``/``lmin_j`` keep the largest
+    forced at ``k_j >= hi_j``) for ``dur[0]`` or ``dur[1]`` slots (floor and ceil of the duration).  ``wmax_j``/``lmin_j`` keep the largest
     queue at which j chose to wait and the smallest at which it launched, so that a sub-box
     ``[lo', hi']`` allows the row's decisions exactly when ``wmax < hi'`` and ``lmin >= lo'``
-    (:func:`mdp_restrict`).  Returns the row count written.
+    (:func:`mdp_restrict`).  With ``corun``, a launch spans ``dur[2]``/``dur[3]`` slots (the co-running
+    duration's floor and ceil) when another model is busy at this stage (``r != 0``: running, or
+    completing later in the slot) or launches in the same decision, as in the chain.  Returns the row
+    count written.
     """
     nout = 0
     for c in range(ncfg):
+        nrun = 0
         for j in range(M):
             k = cfg[c, j]
+            if cfg[c, 2 * M + j] != 0:
+                nrun += 1
             if cfg[c, 2 * M + j] != 0 or k < 1 or k < lo[j]:
                 first[j] = 0
                 nch[j] = 1
             else:
                 take = k if k < caps[j] else caps[j]
-                two = dlo[j, take] != dhi[j, take]
+                two = dur[0, j, take] != dur[1, j, take] or (corun and dur[2, j, take] != dur[3, j, take])
                 if k >= hi[j]:
                     first[j] = 1
                     nch[j] = 2 if two else 1
@@ -452,6 +475,11 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
                     nch[j] = 3 if two else 2
             ch[j] = 0
         while True:
+            nl = 0
+            for j in range(M):
+                if first[j] + ch[j] > 0:
+                    nl += 1
+            co = corun and (nrun > 0 or nl > 1)
             for x in range(5 * M):
                 out[nout, x] = cfg[c, x]
             for j in range(M):
@@ -461,7 +489,10 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dlo, dhi, M, ch, nch, first):
                     take = k if k < caps[j] else caps[j]
                     out[nout, j] = k - take
                     out[nout, M + j] = take
-                    out[nout, 2 * M + j] = dlo[j, take] if a == 1 else dhi[j, take]
+                    if co:
+                        out[nout, 2 * M + j] = dur[2, j, take] if a == 1 else dur[3, j, take]
+                    else:
+                        out[nout, 2 * M + j] = dur[0, j, take] if a == 1 else dur[1, j, take]
                     if k < out[nout, 4 * M + j]:
                         out[nout, 4 * M + j] = k
                 elif nch[j] > 1 and k > out[nout, 3 * M + j]:
@@ -496,23 +527,27 @@ def _order(okey, ow, ol, a, key, b, M):
 # inlined (here and in _coarse_options): called once per routing outcome, where a call with this many
 # array arguments cost more than its body (pruned search at N = 64: 11.4 -> 9.7 s, median of alternating runs)
 @njit(cache=True, inline="always")
-def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, ch, nch, first, kk, bb, rr):
+def _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow, ol, nopt, ch, nch, first,
+                 kk, bb, rr):
     """The last stage of :func:`_stage_launch` for row ``c`` of ``cfg``, straight to packed keys.
 
     Inserts each key of a configuration with a running model, with its decision bounds (``ow``/``ol``
     rows: wmax/lmin), into ``opts[:nopt]``, sorted by (key, bounds), identical entries once; returns the
     new count.  One key may appear with different bounds (different decisions reach it): a sub-box
-    keeps the key when it allows any of them.
+    keeps the key when it allows any of them.  ``corun``: durations as in :func:`_stage_launch`.
     """
+    nrun = 0
     for j in range(M):
         k = cfg[c, j]
         ch[j] = 0
+        if cfg[c, 2 * M + j] != 0:
+            nrun += 1
         if cfg[c, 2 * M + j] != 0 or k < 1 or k < lo[j]:
             first[j] = 0
             nch[j] = 1
         else:
             take = k if k < caps[j] else caps[j]
-            two = dlo[j, take] != dhi[j, take]
+            two = dur[0, j, take] != dur[1, j, take] or (corun and dur[2, j, take] != dur[3, j, take])
             if k >= hi[j]:
                 first[j] = 1
                 nch[j] = 2 if two else 1
@@ -521,6 +556,11 @@ def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, 
                 nch[j] = 3 if two else 2
     while True:
         running = False
+        nl = 0
+        for j in range(M):
+            if first[j] + ch[j] > 0:
+                nl += 1
+        co = corun and (nrun > 0 or nl > 1)
         for j in range(M):
             a = first[j] + ch[j]
             k = cfg[c, j]
@@ -530,7 +570,10 @@ def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, 
                 take = k if k < caps[j] else caps[j]
                 kk[j] = k - take
                 bb[j] = take
-                rr[j] = dlo[j, take] if a == 1 else dhi[j, take]
+                if co:
+                    rr[j] = dur[2, j, take] if a == 1 else dur[3, j, take]
+                else:
+                    rr[j] = dur[0, j, take] if a == 1 else dur[1, j, take]
                 if k < ol[nopt, j]:
                     ol[nopt, j] = k
             else:
@@ -579,8 +622,8 @@ def _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, 
 
 
 @njit(cache=True, inline="always")
-def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M, bn, br, ordered, opts, ow, ol,
-                    cfg, nxt, stage, kk, bb, rr, ch, nch, first):
+def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dur, corun, M, bn, br,
+                    ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first):
     """Post-launch keys of one joint routing outcome (``cidx[a]`` = composition of completing ``done[a]``).
 
     With ``ordered``, every ordered partition of the completing models is a possible order of their
@@ -630,10 +673,11 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M
                                 cfg[c, j] += parts[cidx[a], j]
                 if s_ == S - 1:
                     for c in range(ncfg):
-                        nopt = _launch_keys(cfg, c, lo, hi, caps, dlo, dhi, M, bn, br, opts, ow, ol, nopt, ch, nch,
-                                            first, kk, bb, rr)
+                        nopt = _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow,
+                                            ol, nopt, ch, nch, first, kk, bb, rr)
                 else:
-                    ncfg = _stage_launch(cfg, ncfg, nxt, lo, hi, caps, dlo, dhi, M, ch, nch, first)
+                    ncfg = _stage_launch(cfg, ncfg, nxt, lo, hi, caps, dur, corun, M, ch, nch,
+                                         first)
                     cfg, nxt = nxt, cfg
         a = 0
         while a < na:
@@ -648,9 +692,12 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dlo, dhi, M
 
 
 @njit(cache=True)
-def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
-                     ordered):
+def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn, br, max_states,
+                     max_entries, ordered):
     """Enumerate the coarse-clock decision process of the box ``lo <= B <= hi``.
+
+    ``dur`` (4, M, N + 1): floor and ceil in slots of the solo durations, then of the co-running ones;
+    ``corun``: whether the chain's launch law uses the latter (see :func:`_stage_launch`).
 
     Returns the outputs of :func:`mdp_build` (status, n, keys, tau, g, out_ptr, out_prob, opt_ptr,
     opt_idx), then what :func:`mdp_restrict` needs to cut a sub-box's process out of this one: the
@@ -700,7 +747,7 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
         cfg[0, 3 * M + i] = -1
         cfg[0, 4 * M + i] = NO_LAUNCH
     out = nxt
-    nst = _stage_launch(cfg, 1, out, lo, hi, caps, dlo, dhi, M, ch, nch, first)
+    nst = _stage_launch(cfg, 1, out, lo, hi, caps, dur, corun, M, ch, nch, first)
     init_idx = np.empty(nst, dtype=np.int64)
     init_w = np.empty(nst * M, dtype=np.int64)
     init_l = np.empty(nst * M, dtype=np.int64)
@@ -755,8 +802,8 @@ def coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, 
             for a in range(na):
                 p *= prob[done[a], idx[a]]
             if p > 0.0:
-                cnt = _coarse_options(k, b, r, t, done, na, parts, idx, lo, hi, caps, dlo, dhi, M, bn, br,
-                                      ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
+                cnt = _coarse_options(k, b, r, t, done, na, parts, idx, lo, hi, caps, dur, corun,
+                                      M, bn, br, ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
                 if cnt == 0:
                     st = DEADLOCK
                     n = head
@@ -912,14 +959,15 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
 # completions are exact ties, as in the chain.
 
 @njit(cache=True)
-def mean_field_run(N, B, caps, d, cbar, P, warm_events, events, tol):
+def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol):
     """Run the mean-field dynamics of thresholds ``B``; returns ``(status, tokens, quanta, tokens_2, quanta_2)``.
 
     ``tokens/quanta`` is the time average over ``events`` completion epochs after ``warm_events``;
     ``tokens_2/quanta_2`` the same over the second half only (their difference measures convergence).
     A model launches when idle and its queue exceeds ``B_j - 1 + tol`` (the chain's ``k_j >= B_j`` for
-    integer ``k``); it takes ``min(queue, cap_j)``, for ``d[j, round(take)]`` quanta.  status: 0 ok,
-    2 deadlock (no model running and none can launch).
+    integer ``k``); it takes ``min(queue, cap_j)``, for ``d[j, round(take)]`` quanta, or ``dco`` with
+    ``corun`` when another model is busy or launches in the same pass (the chain's launch law).
+    status: 0 ok, 2 deadlock (no model running and none can launch).
     """
     M = B.shape[0]
     q = np.zeros(M)
@@ -936,6 +984,16 @@ def mean_field_run(N, B, caps, d, cbar, P, warm_events, events, tol):
     half = warm_events + events // 2
     for e in range(warm_events + events + 1):
         # launch rule, every idle model in one pass
+        co = False
+        if corun:
+            nrun = 0
+            nl = 0
+            for j in range(M):
+                if busy[j]:
+                    nrun += 1
+                elif q[j] > B[j] - 1 + tol:
+                    nl += 1
+            co = nrun > 0 or nl > 1
         for j in range(M):
             if not busy[j] and q[j] > B[j] - 1 + tol:
                 take = q[j] if q[j] < caps[j] else float(caps[j])
@@ -947,7 +1005,7 @@ def mean_field_run(N, B, caps, d, cbar, P, warm_events, events, tol):
                 x[j] = take
                 q[j] -= take
                 busy[j] = True
-                end[j] = now + d[j, bi]
+                end[j] = now + (dco[j, bi] if co else d[j, bi])
         if e == warm_events:
             t0 = now
             tok = 0.0

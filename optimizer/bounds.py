@@ -67,10 +67,29 @@ def _quanta(spec: SystemSpec, N: int, round_to_grid: bool) -> np.ndarray:
     return d
 
 
+def _corun_quanta(spec: SystemSpec, N: int, round_to_grid: bool) -> np.ndarray | None:
+    """The co-running durations (None without co-running: the solo law)."""
+    if not spec.has_corun:
+        return None
+    dco, _ = spec.corun_quanta_table(int(N), round_to_grid=round_to_grid)
+    return dco
+
+
+def shortest_steps(spec: SystemSpec, N: int, round_to_grid: bool = False) -> np.ndarray:
+    """``min(d, dco)`` elementwise: the shortest duration a batch can get under the launch law (``d``
+    without co-running).  Bound 1 (Little's law, capacity) needs only a lower bound on each duration."""
+    d = _quanta(spec, N, round_to_grid)
+    dco = _corun_quanta(spec, N, round_to_grid)
+    return d if dco is None else np.minimum(d, dco)
+
+
 def no_wait_bound(spec: SystemSpec, N: int, *, round_to_grid: bool = False, d: np.ndarray | None = None) -> Bound:
     """``max cbar.X`` over the flows allowed by flow balance, Little's law and capacity (tokens/s).
 
-    Valid for every feasible ``B`` at concurrency ``N`` (see the module docstring).
+    Valid for every feasible ``B`` at concurrency ``N`` (see the module docstring).  With co-running
+    latencies a batch lasts ``d`` or ``dco`` (the launch law picks), so the durations used are
+    ``min(d, dco)`` (:func:`shortest_steps`; a ``d`` passed in must already be that): every step still
+    lasts at least that, and the proof is unchanged.
     """
     from scipy.optimize import linprog
 
@@ -78,7 +97,7 @@ def no_wait_bound(spec: SystemSpec, N: int, *, round_to_grid: bool = False, d: n
     P, C = spec.P, spec.C
     M = spec.M
     if d is None:
-        d = _quanta(spec, N, round_to_grid)
+        d = shortest_steps(spec, N, round_to_grid)
     caps = spec.caps(N)
     dmin = np.array([min(int(d[j, b]) for b in range(1, int(caps[j]) + 1)) for j in range(M)], dtype=float)
     kappa = np.array([max(b / float(d[j, b]) for b in range(1, int(caps[j]) + 1)) for j in range(M)])
@@ -159,7 +178,8 @@ class Bounder:
         self.spec = spec
         self.N = int(N)
         self.d = _quanta(spec, self.N, round_to_grid)
-        self.global_bound = no_wait_bound(spec, self.N, d=self.d)
+        self.dco = _corun_quanta(spec, self.N, round_to_grid)
+        self.global_bound = no_wait_bound(spec, self.N, d=self.d if self.dco is None else np.minimum(self.d, self.dco))
         if policies is not None:
             pb = policies.bound(self.N)
             if pb is not None and pb.value_tok_s < self.global_bound.value_tok_s:
@@ -172,10 +192,12 @@ class Bounder:
 def scaling_valid(spec: SystemSpec, N: int) -> bool:
     """True when per-request throughput bounds may be scaled from N0 up to N (see :class:`PolicyBounds`).
 
-    Needs batch-size-independent latencies and no batch cap below N: then one
-    request more or less never changes when a batch ends or who it takes.
+    Needs batch-size-independent latencies (co-running ones included) and no batch cap below N: then
+    one request more or less never changes when a batch ends or who it takes.  Under the co-running
+    launch law a batch's duration depends only on which models are busy at its launch, and an empty
+    batch keeps its model busy exactly as the batch of one it replaces, so the argument is unchanged.
     """
-    if spec.batch_dependent:
+    if spec.batch_dependent or spec._corun_batch_dependent():
         return False
     return all(c is None or int(c) >= int(N) for c in (spec.max_batch_size or ()))
 
@@ -262,6 +284,7 @@ class BoxProcess:
 
 
 def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = None, d: np.ndarray | None = None,
+              dco: np.ndarray | None = None,
               max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
               rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
               empty: bool = False, max_step: int = 4, coarse: int = 1, omega: float = 0.7,
@@ -275,6 +298,12 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     ``h`` comes from value-iteration sweeps; they stop as soon as the bound
     is below ``target_tok_s`` (enough to prune), the bracket is within
     ``rtol``, or ``max_sweeps`` is reached (the bound is valid at any point).
+
+    Co-running (``spec.corun_latency``, or ``dco`` given): the process applies the chain's launch law
+    (a launch gets ``dco`` when another model is busy or launches in the same decision), so each
+    threshold vector is still one of its stationary policies and the certificate is unchanged; on the
+    coarse clock each launch's span is the floor or ceil of the duration the law gives (bound 5's
+    argument: the busy set at each stage of a slot is the fine one at that epoch).
 
     On a coarse clock, ``parent`` (the ``process`` of an earlier result with ``keep=True``, for a box
     holding this one at the same N and clock) lets the process be cut out of the parent's
@@ -291,21 +320,27 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     hi = np.asarray(hi, dtype=np.int64)
     if d is None:
         d = _quanta(spec, N, round_to_grid)
+    if dco is None:
+        dco = _corun_quanta(spec, N, round_to_grid)
+    corun = dco is not None
     caps = spec.caps(N).astype(np.int64)
     P = np.ascontiguousarray(spec.P)
     cbar = (spec.C * P).sum(axis=1)
     bn = max(1, N.bit_length())
     coarse = int(coarse)
     d = np.ascontiguousarray(d, dtype=np.int64)
+    dco = d if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
     if coarse > 1:
         if empty:
             raise ValueError("the coarse clock does not model empty batches")
         dlo, dhi = coarse_durations(d, coarse)
-        if int(dlo[:, 1:].min()) < 1:
-            raise ValueError(f"coarse = {coarse} quanta is longer than the shortest step ({int(d[:, 1:].min())} quanta)")
-        br = max(1, int(dhi.max()).bit_length())
+        dloco, dhico = coarse_durations(dco, coarse)
+        shortest = int(min(d[:, 1:].min(), dco[:, 1:].min()))
+        if int(min(dlo[:, 1:].min(), dloco[:, 1:].min())) < 1:
+            raise ValueError(f"coarse = {coarse} quanta is longer than the shortest step ({shortest} quanta)")
+        br = max(1, int(max(dhi.max(), dhico.max())).bit_length())
     else:
-        br = max(1, int(d.max()).bit_length())
+        br = max(1, int(max(d.max(), dco.max())).bit_length())
     if M * (2 * bn + br) > 62:
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
     offsets, parts, prob = _outcomes(N, M, P)
@@ -316,14 +351,16 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
             res = K.mdp_restrict(pa[0], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], pa[8], pa[9], pa[10], pa[11],
                                  pa[12], pa[13], lo, hi)
         else:
-            res = K.coarse_mdp_build(N, lo, hi, caps, dlo, dhi, cbar, offsets, parts, prob, bn, br, int(max_states),
+            dur = np.ascontiguousarray(np.stack([dlo, dhi, dloco, dhico]))
+            res = K.coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn, br, int(max_states),
                                      int(max_entries), True)
         st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = res[:9]
         if keep and st == K.OK:
             proc = BoxProcess(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse, (n,) + res[2:])
     else:
         st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
-            N, lo, hi, caps, d, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries), bool(empty))
+            N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries),
+            bool(empty))
     if st != K.OK:
         return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
                          _time.perf_counter() - t0, "too large" if st == K.TOO_LARGE else "deadlock")

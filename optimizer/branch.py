@@ -24,6 +24,8 @@ import math
 import time
 from typing import Sequence
 
+import numpy as np
+
 from optimizer.bounds import Bounder, gap as rel_gap
 from optimizer.evaluate import Evaluation
 from optimizer.optimum import TIE_RTOL, _optimum, evaluate_many, pick_best
@@ -299,7 +301,8 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             box_split = 4 if M <= 2 else 2      # a first grid of boxes with a few dozen vectors each
         if coarse is None:
             # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
-            coarse = tuple(sorted({auto_coarse(bounder.d, 0.04), auto_coarse(bounder.d, 0.015)} - {1}, reverse=True))
+            steps = bounder.d if bounder.dco is None else np.concatenate([bounder.d, bounder.dco])
+            coarse = tuple(sorted({auto_coarse(steps, 0.04), auto_coarse(steps, 0.015)} - {1}, reverse=True))
         if best > -math.inf and whole_pass:
             _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,

@@ -22,6 +22,10 @@ guide").  It costs a fraction of a millisecond per vector at any ``N``, and
 the exact chain at its best vector is within 0-1.8 % of B*: it is the start of
 the threshold searches (it orders their work and never prunes).
 
+Co-running latencies (``corun_latency``): the launch pass applies the chain's launch law (a launch
+gets ``dco`` when another model is busy or launches in the same pass), so the guide's effective step
+latency is ``L`` or ``Lco`` exactly where the chain's is.
+
 Accuracy reported with every value: ``drift``, the relative difference
 between the averages over the whole window and over its second half (the
 dynamics settle on a periodic or quasi-periodic orbit; the time average
@@ -64,17 +68,19 @@ class MeanField:
 
 def _arrays(spec: SystemSpec, N: int, round_to_grid: bool):
     d, _ = spec.quanta_table(int(N), round_to_grid=round_to_grid)
+    # co-running: the chain's launch law (dco when another model is busy or launches in the same pass)
+    dco = spec.corun_quanta_table(int(N), round_to_grid=round_to_grid)[0] if spec.has_corun else d
     P = np.ascontiguousarray(spec.P)
     cbar = np.ascontiguousarray((spec.C * P).sum(axis=1))
-    return d, spec.caps(int(N)).astype(np.int64), P, cbar
+    return d, dco, spec.has_corun, spec.caps(int(N)).astype(np.int64), P, cbar
 
 
 def _run(spec, N, B, arrays, warm: int, events: int) -> tuple[float, float]:
     from optimizer import _kernels as K
 
-    d, caps, P, cbar = arrays
-    st, tok, quanta, tok2, quanta2 = K.mean_field_run(int(N), np.asarray(B, dtype=np.int64), caps, d, cbar, P,
-                                                      int(warm), int(events), 1e-9 * max(1, int(N)))
+    d, dco, corun, caps, P, cbar = arrays
+    st, tok, quanta, tok2, quanta2 = K.mean_field_run(int(N), np.asarray(B, dtype=np.int64), caps, d, dco, corun,
+                                                      cbar, P, int(warm), int(events), 1e-9 * max(1, int(N)))
     if st != 0 or quanta <= 0:
         return -math.inf, math.inf
     scale = 1000.0 / spec.delta_ms

@@ -94,7 +94,6 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     if not (0.0 <= max_gap < 1.0):
         raise SpecError(f"max_gap must be in [0, 1), got {max_gap!r}")
     total = (F.count_feasible(N, spec.M) if candidates is None else len(candidates))
-    search = _corun_guard(spec, search)
     if search == "auto":
         if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
             search = "exhaustive"
@@ -125,16 +124,6 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
                             eager=eager, workers=workers, executor=executor, progress=progress, **kw)
 
 
-def _corun_guard(spec: SystemSpec, search: str) -> str:
-    """Co-running latencies: only the exhaustive search until the bounds are re-proven for the launch law."""
-    if not spec.has_corun or search == "exhaustive":
-        return search
-    if search == "auto":
-        return "exhaustive"
-    raise SpecError(f"--search {search} does not yet support co-running latencies (corun_latency); "
-                    "use --search exhaustive or auto")
-
-
 def _check_search(search: str) -> str:
     if search not in SEARCHES:
         raise SpecError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
@@ -156,7 +145,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     certificate; default ``min(max(Ns), 12)`` for the certified and local
     modes, 0 to skip).
     """
-    search = _corun_guard(spec, _check_search(search))
+    search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
     if search == "exhaustive":
         total = sum(F.count_feasible(n, spec.M) for n in Ns)

@@ -1,0 +1,276 @@
+"""The paper's Table 6 from the exact chain with co-running (issue 22, item 6), and B*(N) under co-running.
+
+Paper, Table 6 (R2R, Qwen3-0.6B / Qwen3-32B, p = 0.35): eager (B = (1, 1)) against delayed batching at
+the B the paper deployed (the chain's B* for L = (6.0, 27.9) ms: (1, 3) at N = 4, (1, 5) at N = 8):
+N = 4: 161.26 / 210.61 (x1.306); N = 8: 296.86 / 372.48 (x1.255).
+
+Sections (each printed as a markdown table; what is fitted and what is predicted is said in each):
+
+``fit``     constant L = (6.0, 27.9) ms, the small model's co-running factor F0 (large model x1) fitted to
+            the N = 4 gain on the 0.1 ms grid (exact chain, bisection over Lco_0 = 6.0 F0 in 0.1 ms steps);
+            N = 8 and N = 16 are then predictions.  Next to it, the simulator's rate-sharing law
+            (``simulate(..., corun_slowdown=...)``) at the same factor: the two readings of co-running.
+``h200``    L_i(b) of the H200 CUDA-graph decode profiles with the co-running probe's factors by batch
+            size (small model x2.8 at b = 1 to x3.6 at b = 16, linear in b; large model x1.02 / x1.05 /
+            x1.08), nothing fitted; exact chain on the coarsest grid within 1 %.
+``bstar``   B*(N) for N = 1..64 with and without co-running (``search="auto"``, exact), constant L, the
+            fitted F0.
+``speed``   a co-running chain at R2R N = 32 next to today's chain (alternating runs, medians), and the
+            pruned search N = 1..64 with and without co-running, side by side in one run.
+
+    .venv/bin/python benchmarks/corun_table6.py fit h200 bstar speed [--profiles DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import tr_model
+from optimizer.search import optimize_sweep, optimize_thresholds
+from tr_core.grid import coarsest_delta, spec_latencies
+from tr_core.spec import make_spec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_PROFILES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "h200-profiles")
+PAPER = {1: (73.02, 73.02), 4: (161.26, 210.61), 8: (296.86, 372.48)}
+PAPER_B = {1: (1, 1), 4: (1, 3), 8: (1, 5), 16: (2, 10)}   # the chain's B* with L = (6.0, 27.9) ms (16: not in the paper)
+P_R2R = [[0.65, 0.35], [1.0, 0.0]]
+C_R2R = [[1, 0], [1, 0]]
+CONST = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
+
+
+
+
+def gain_row(spec, N, rtg=False, own=True):
+    """eager, delayed at the paper's B, their gain, and (own=True) the spec's own B* and its gain."""
+    e = tr_model.evaluate(spec, N, (1, 1), round_to_grid=rtg).throughput_tok_s
+    d = tr_model.evaluate(spec, N, PAPER_B[N], round_to_grid=rtg).throughput_tok_s
+    out = {"eager": e, "delayed": d, "gain": d / e}
+    if own:
+        o = optimize_thresholds(spec, N, search="auto", round_to_grid=rtg)
+        out.update(own_B=o.best_B, own=o.throughput_tok_s, own_gain=o.throughput_tok_s / e)
+    return out
+
+
+def fit(a) -> str:
+    t0 = time.perf_counter()
+    target = PAPER[4][1] / PAPER[4][0]
+
+    def g4(q):
+        return gain_row(CONST.with_corun([{"slowdown": q / 60.0}, None]), 4, rtg=True, own=False)["gain"]
+
+    lo, hi = 60, 240             # Lco_0 = 6.0 ... 24.0 ms in quanta of 0.1 ms
+    glo, ghi = g4(lo), g4(hi)
+    assert glo < target < ghi, (glo, ghi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if g4(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    q = min((lo, hi), key=lambda x: abs(g4(x) - target))
+    F0 = q / 60.0
+    spec = CONST.with_corun([{"slowdown": F0}, None])
+    rows = []
+    for N in (1, 4, 8, 16):
+        solo = gain_row(CONST, N)
+        co = gain_row(spec, N, rtg=True)
+        rows.append((N, solo, co))
+    # the simulator's rate-sharing law at the same factor (the small model is F0 slower while the large runs)
+    from simulator import simulate
+    rs = {}
+    for N in (4, 8, 16):
+        e = simulate(CONST, N, (1, 1), steps=a.steps, seed=1, corun_slowdown=[[1.0, F0], [1.0, 1.0]])
+        d = simulate(CONST, N, PAPER_B[N], steps=a.steps, seed=1, corun_slowdown=[[1.0, F0], [1.0, 1.0]])
+        rs[N] = (e.throughput_tok_s, d.throughput_tok_s, e.throughput_ci95_tok_s, d.throughput_ci95_tok_s)
+    sec = time.perf_counter() - t0
+    md = [f"**Constant L = (6.0, 27.9) ms, small-model co-running factor fitted at N = 4** (`corun_table6.py fit`, "
+          f"{sec:.0f} s). Fitted: F0 = {F0:.4f} (Lco_0 = {q / 10:.1f} ms on the 0.1 ms grid; large model x1), "
+          f"the only fitted number, to the N = 4 gain x{target:.3f}. Everything at N = 8 and 16 is predicted.",
+          "",
+          "| N | paper eager | paper delayed | paper gain | chain eager | chain at paper's B | gain (paper's B) | "
+          "own B* | own gain | without co-running: gain (paper's B) / own B* |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for N, solo, co in rows:
+        p = PAPER.get(N)
+        pe, pd, pg = (f"{p[0]:.2f}", f"{p[1]:.2f}", f"x{p[1] / p[0]:.3f}") if p else ("-", "-", "-")
+        tag = " (fitted)" if N == 4 else (" (predicted)" if N > 4 else "")
+        md.append(f"| {N} | {pe} | {pd} | {pg} | {co['eager']:.2f} | {co['delayed']:.2f} | x{co['gain']:.3f}{tag} | "
+                  f"{co['own_B']} | x{co['own_gain']:.3f} | x{solo['gain']:.3f} / {solo['own_B']} |")
+    g8 = rows[2][2]["gain"]
+    md += ["", f"Out of sample, N = 8: x{g8:.3f} against the paper's x{PAPER[8][1] / PAPER[8][0]:.3f} "
+               f"({100 * (g8 - PAPER[8][1] / PAPER[8][0]):+.1f} points; target within 3 points; without co-running "
+               f"{100 * (rows[2][1]['gain'] - PAPER[8][1] / PAPER[8][0]):+.1f} points).",
+           "",
+           f"The two laws at the same factor F0 = {F0:.4f} (simulator, rate-sharing law: the small model runs "
+           f"F0 times slower *while* the large one runs, re-timed at every start and end; {a.steps:,} request-steps, "
+           f"seed 1, 95 % half-widths):",
+           "",
+           "| N | launch law (chain): eager / paper's B / gain | rate-sharing (simulator): eager / paper's B / gain |",
+           "|---|---|---|"]
+    for N, solo, co in rows[1:]:
+        e, d, ce, cd = rs[N]
+        md.append(f"| {N} | {co['eager']:.2f} / {co['delayed']:.2f} / x{co['gain']:.3f} | {e:.2f} +- {ce:.2f} / "
+                  f"{d:.2f} +- {cd:.2f} / x{d / e:.3f} |")
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def h200(a) -> str:
+    t0 = time.perf_counter()
+
+    def curve(name):
+        with open(os.path.join(a.profiles, name), encoding="utf-8") as f:
+            doc = json.load(f)
+        return {int(b["batch_size"]): float(b["median_ms"]) for b in doc["batches"]}
+
+    dec0 = curve("qwen3-0.6b_decode_graph.json")
+    dec1 = curve("qwen3-32b_decode_graph.json")
+    bs0, bs1 = sorted(dec0), sorted(dec1)
+
+    def f_small(b):   # probe: x2.8 at b = 1 to x3.6 at b = 16, linear in b, flat outside
+        return float(np.interp(b, [1, 16], [2.8, 3.6]))
+
+    md = [f"**H200 graph-decode curves L_i(b) with the probe's co-running factors** (`corun_table6.py h200`; "
+          "nothing fitted: small model x2.8 at b = 1 to x3.6 at b = 16 as a table over the profile's batch sizes, "
+          "large model x1.02 / x1.05 / x1.08 (the probe's range); exact chain on the coarsest grid that holds every "
+          "latency within 1 %).", "",
+          "| large x | delta ms | N | eager | at paper's B | gain (paper's B) | own B* | own gain | paper gain |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for f1 in (None, 1.02, 1.05, 1.08):
+        base = make_spec([dec0[1], dec1[1]], P_R2R, C_R2R, name="r2r-h200", latency_curves=[
+            {"batch_size": bs0, "step_latency_ms": [dec0[b] for b in bs0]},
+            {"batch_size": bs1, "step_latency_ms": [dec1[b] for b in bs1]}])
+        spec = base if f1 is None else base.with_corun([
+            {"batch_size": bs0, "step_latency_ms": [dec0[b] * f_small(b) for b in bs0]}, {"slowdown": f1}])
+        delta = coarsest_delta(spec_latencies(spec, 8), 0.01)
+        spec = spec.with_delta(delta)
+        for N in (1, 4, 8):
+            r = gain_row(spec, N, rtg=True)
+            p = PAPER[N]
+            md.append(f"| {'none (solo)' if f1 is None else f1} | {delta:.4g} | {N} | {r['eager']:.2f} | "
+                      f"{r['delayed']:.2f} | x{r['gain']:.3f} | {r['own_B']} | x{r['own_gain']:.3f} | "
+                      f"x{p[1] / p[0]:.3f} |")
+        print(md[-1], flush=True)
+    md.insert(1, f"({time.perf_counter() - t0:.0f} s.)")
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def bstar(a) -> str:
+    t0 = time.perf_counter()
+    F0 = a.f0
+    co = CONST.with_corun([{"slowdown": F0}, None])
+    Ns = list(range(1, a.nmax + 1))
+    t1 = time.perf_counter()
+    solo = optimize_sweep(CONST, Ns, search="auto", workers=a.workers)
+    ts = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    cor = optimize_sweep(co, Ns, search="auto", workers=a.workers, round_to_grid=True)
+    tc = time.perf_counter() - t1
+    md = [f"**B*(N) with and without co-running** (constant L = (6.0, 27.9) ms, small model x{F0:.4f} (fitted at "
+          f"N = 4 above), `search=\"auto\"` (exact: exhaustive to N = 20, pruned above), `--workers {a.workers}`; "
+          f"without {ts:.0f} s, with {tc:.0f} s).", "",
+          "| N | B* without | tok/s | gain | B* with co-running | tok/s | gain | certificate |", "|---|---|---|---|---|---|---|---|"]
+    for N, s, c in zip(Ns, solo, cor):
+        if N <= 8 or N % 4 == 0:
+            md.append(f"| {N} | {s.best_B} | {s.throughput_tok_s:.2f} | x{s.gain_vs_eager:.3f} | {c.best_B} | "
+                      f"{c.throughput_tok_s:.2f} | x{c.gain_vs_eager:.3f} | {c.certificate} |")
+    ratio0 = [c.best_B[0] / max(1, s.best_B[0]) for s, c in zip(solo, cor) if s.N >= 16]
+    md += ["", f"B*_0 with co-running / without, N = 16..{a.nmax}: {min(ratio0):.2f}-{max(ratio0):.2f}; "
+               f"({time.perf_counter() - t0:.0f} s in all)."]
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def _load():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def speed(a) -> str:
+    import dtmc
+
+    F0 = a.f0
+    md = [f"**Speed, side by side in one run** (`corun_table6.py speed`; {os.cpu_count()} shared cores, load "
+          f"average {_load()[0]:.1f} at the start: other helpers were running).", ""]
+    # 1. the chain at R2R N = 32: today's chain vs the co-running chain (alternating, medians)
+    rows = []
+    for label, spec in (("x%.4f small" % F0, CONST.with_corun([{"slowdown": F0}, None])),
+                        ("probe x2.8 / x1.05", CONST.with_corun([{"slowdown": 2.8}, {"slowdown": 1.05}]))):
+        for B in ((1, 1), (3, 20)):
+            ts, tc, ns, nc = [], [], 0, 0
+            for _ in range(a.repeat):
+                t = time.perf_counter()
+                es = tr_model.evaluate(CONST, 32, B)
+                ts.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                ec = tr_model.evaluate(spec, 32, B, round_to_grid=True)
+                tc.append(time.perf_counter() - t)
+                ns, nc = es.states, ec.states
+            rows.append((label, B, ns, nc, statistics.median(ts), statistics.median(tc)))
+            print(rows[-1], flush=True)
+    md += ["Chain at R2R N = 32 (build + solve, `tr_model.evaluate`, no cache), medians of "
+           f"{a.repeat} alternating runs; target: co-running <= 1.5x today's:", "",
+           "| co-running | B | states today | states co-running | today s | co-running s | ratio | per state |",
+           "|---|---|---|---|---|---|---|---|"]
+    for label, B, ns, nc, s, c in rows:
+        md.append(f"| {label} | {B} | {ns:,} | {nc:,} | {s:.2f} | {c:.2f} | {c / s:.2f}x | "
+                  f"{(c / nc) / (s / ns):.2f}x |")
+    # 2. pruned search N = 1..nmax, with and without co-running (one run each, alternating halves)
+    Ns = list(range(1, a.nmax + 1))
+    co = CONST.with_corun([{"slowdown": F0}, None])
+    t = time.perf_counter()
+    r_s = optimize_sweep(CONST, Ns, search="pruned", workers=a.workers)
+    t_s = time.perf_counter() - t
+    load_mid = _load()[0]
+    t = time.perf_counter()
+    r_c = optimize_sweep(co, Ns, search="pruned", workers=a.workers, round_to_grid=True)
+    t_c = time.perf_counter() - t
+    md += ["", f"Pruned search N = 1..{a.nmax} (`optimize_sweep(search=\"pruned\", workers={a.workers})`), one run "
+           f"each, back to back (load average {load_mid:.1f} between them); target: co-running <= 2x:", "",
+           "| sweep | seconds | chains evaluated | vectors pruned |", "|---|---|---|---|",
+           f"| today | {t_s:.1f} | {sum(o.evaluated for o in r_s):,} | {sum(o.pruned for o in r_s):,} |",
+           f"| co-running x{F0:.4f} | {t_c:.1f} | {sum(o.evaluated for o in r_c):,} | {sum(o.pruned for o in r_c):,} |",
+           "", f"Ratio {t_c / t_s:.2f}x; load average at the end {_load()[0]:.1f}."]
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", nargs="+", choices=("fit", "h200", "bstar", "speed"))
+    ap.add_argument("--profiles", default=DEFAULT_PROFILES)
+    ap.add_argument("--steps", type=int, default=300_000, help="simulated request-steps (rate-sharing comparison)")
+    ap.add_argument("--f0", type=float, default=None, help="small-model factor for bstar/speed (default: fit it)")
+    ap.add_argument("--nmax", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args(argv)
+    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, load {_load()}", flush=True)
+    out = []
+    for w in a.what:
+        if w == "fit":
+            out.append(fit(a))
+        elif w == "h200":
+            out.append(h200(a))
+        else:
+            if a.f0 is None:
+                print("error: --f0 is needed for bstar/speed (run fit first)", file=sys.stderr)
+                return 2
+            out.append({"bstar": bstar, "speed": speed}[w](a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

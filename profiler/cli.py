@@ -572,6 +572,15 @@ def cmd_system(a: argparse.Namespace) -> int:
     for p in paths:
         if not os.path.exists(p):
             raise SpecError(f"--model {p!r} does not exist (a model folder or a config.json file)")
+    if a.corun_batch_size is not None:
+        if a.corun_batch_size < 1:
+            raise SpecError(f"--corun-batch-size must be >= 1, got {a.corun_batch_size}")
+        if a.latency_profile or a.corun_profile:
+            raise SpecError("--corun-batch-size measures co-running curves while profiling the --model; with "
+                            "--latency-profile files give the co-running ones with --corun-profile")
+        if len(paths) != 2:
+            raise SpecError(f"--corun-batch-size measures each of two models beside the other; with {len(paths)} "
+                            f"models profile them with 'tr-profile latency --corun' and pass --corun-profile")
     profiles = [load_latency_profile(p) for p in a.latency_profile]  # read (and refused) before any work
     corun_profiles = _corun_profiles(a)
     device = resolve_device(a.device) if paths else "cpu"
@@ -584,6 +593,35 @@ def cmd_system(a: argparse.Namespace) -> int:
             os.unlink(trace)
         _drop_if_empty(run_dir)
         raise
+
+
+def _measure_corun(a, paths, sizes, run_dir, device, dtype) -> list:
+    """``system --corun-batch-size``: each of the two models timed beside the other (both loaded at once)."""
+    from profiler.latency import load_model, profile_latency
+    from tr_core.fileio import atomic_write
+
+    models, names = [], []
+    for k, path in enumerate(paths):
+        is_dir = os.path.isdir(path)
+        m, n = load_model(path if is_dir else None, None if is_dir else path, dtype=dtype, device=device,
+                          seed=a.seed + k)
+        models.append(m)
+        names.append(n)
+    out = []
+    for k in range(2):
+        prof = profile_latency(models[k], name=names[k], batch_sizes=sizes, mode=a.mode, context=a.context,
+                               extend_tokens=a.extend_tokens, warmup=a.warmup_steps, steps=a.steps,
+                               cuda_graph=a.cuda_graph, device=device, dtype=dtype, seed=a.seed,
+                               attention=a.attention, bandwidth_gbs=a.bandwidth_gbs,
+                               arguments={"model": paths[k], "corun": paths[1 - k]},
+                               corun_model=models[1 - k], corun_name=names[1 - k], corun_batch=a.corun_batch_size)
+        doc = prof.to_dict()
+        atomic_write(os.path.join(run_dir, f"latency-corun-{k}.json"),
+                     lambda f, d=doc: f.write(json.dumps(d, indent=2) + "\n"), what="profile")
+        out.append(prof)
+        _say(a, f"profiled model {k} ({names[k]}) beside model {1 - k}")
+    del models
+    return out
 
 
 def _system_in(a, fmt, paths, sizes, profiles, run_dir, device, corun_profiles=None) -> int:
@@ -624,6 +662,8 @@ def _system_in(a, fmt, paths, sizes, profiles, run_dir, device, corun_profiles=N
             profiles.append(prof)
             del model
             _say(a, f"profiled model {k} ({name})")
+    if a.corun_batch_size is not None:
+        corun_profiles = _measure_corun(a, paths, sizes, run_dir, device, dtype)
     spec = _spec_from(est, a, profiles=profiles, extra=extra, corun_profiles=corun_profiles)
     rows, lines = _routing_summary(est)
     lines.append("L_i (ms): " + ", ".join(f"{v:g}" for v in spec.step_latency_ms)
@@ -801,6 +841,9 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_format_arg(q)
     _route_run_args(q)
     _latency_args(q, ["1", "2", "4", "8"])
+    q.add_argument("--corun-batch-size", type=int, default=None, metavar="B",
+                   help="also measure co-running curves: each of the two --model timed beside the other decoding "
+                        "batches of B requests (as 'tr-profile latency --corun'), written as corun_latency")
     _model_args(q)
     _spec_args(q)
     _common_args(q)

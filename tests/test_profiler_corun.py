@@ -246,3 +246,28 @@ def test_gpu_corun_profile_in_two_streams(tmp_path, configs, graph):
     solo = profile_latency(model, name=name, batch_sizes=[1], context=32, device="cuda", dtype="bf16",
                            cuda_graph=graph, warmup=2, steps=5)
     assert solo.corun is None
+
+
+def test_system_measures_corun_curves_of_two_models(run_main, configs, profile_files, tmp_path):
+    small, large = configs
+    trace = profile_files["trace"]
+    r = run_main("system", "--model", small, large, "--trace", trace, "--batch-sizes", "1", "2", "--context", "8",
+                 "--steps", "2", "--warmup-steps", "1", "--threads", "1", "--corun-batch-size", "2",
+                 "--delta-ms", "auto", "--out", tmp_path / "spec.json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    spec = load_spec(tmp_path / "spec.json")
+    assert spec.has_corun and spec.batch_dependent
+    prov = spec.provenance["corun_latency"]
+    assert [p["corun"]["model"] for p in prov] == ["large", "small"]
+    assert all(p["corun"]["batch_size"] == 2 and p["batch_size"] == [1, 2] for p in prov)
+    run = [d for d in os.listdir(os.path.join("runs", "profile")) if d.endswith("-system")]
+    assert len(run) == 1
+    files = sorted(os.listdir(os.path.join("runs", "profile", run[0])))
+    assert files == ["latency-0.json", "latency-1.json", "latency-corun-0.json", "latency-corun-1.json"]
+    # bad input: one error line naming the flag, nothing measured
+    base = ["system", "--trace", trace, "--batch-sizes", "1", "--context", "4", "--steps", "1"]
+    assert_error(run_main(*base, "--model", small, large, "--corun-batch-size", "0"), "--corun-batch-size")
+    assert_error(run_main(*base, "--model", small, large, small, "--corun-batch-size", "2"), "--corun-batch-size",
+                 "3 models")
+    assert_error(run_main(*base, "--latency-profile", profile_files["s0"], profile_files["s1"],
+                          "--corun-batch-size", "2"), "--corun-batch-size", "--corun-profile")

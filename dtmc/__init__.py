@@ -17,13 +17,14 @@ from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATE
                         StateLimitExceeded, build_chain, state_bound)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
-                        bound_error, closed_classes, gth, residual, stationary_distribution, throughput_bound)
+                        bound_error, closed_classes, gth, residual, solver_help, stationary_distribution,
+                        throughput_bound)
 
 __all__ = [
     "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
     "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain", "proven_ok",
-    "bound_error", "throughput_bound", "gth", "ACCURACY_TARGET", "ACCURACY_TOL",
+    "bound_error", "throughput_bound", "gth", "solver_help", "ACCURACY_TARGET", "ACCURACY_TOL",
     "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
 ]
 

@@ -497,3 +497,22 @@ def _anderson(TT: sp.csr_matrix, tol: float, max_sweeps: int, x0, m: int = 4, ch
     it, res = K.anderson_gs(_i64(TT.indptr), _i64(TT.indices), TT.data, x,
                             float(tol), int(max_sweeps), int(m), int(check_every))
     return x, int(it), float(res)
+
+
+def solver_help(default: str = "auto") -> str:
+    """The ``--solver`` help text, from the constants that define what ``auto`` does."""
+    parts = {
+        "auto": (f"Anderson-accelerated Gauss-Seidel, re-solved by GTH (underflow-safe elimination) when the "
+                 f"iterate's proven throughput error bound is above {ACCURACY_TARGET:g} and GTH is cheap "
+                 f"(<= {GTH_CHEAP_WORK:.0e} multiply-adds), or above {ACCURACY_TOL:g} and GTH fits "
+                 f"(<= {GTH_MAX_WORK:.0e} multiply-adds, {GTH_MAX_BYTES / 2**30:g} GiB) or the iteration does "
+                 f"not converge; sparse LU when neither converges nor fits, up to {DIRECT_FALLBACK_LIMIT:,} "
+                 f"states"),
+        "anderson": "Anderson-accelerated Gauss-Seidel only",
+        "gauss-seidel": "plain Gauss-Seidel",
+        "gth": "GTH elimination (exact up to rounding, dense work)",
+        "direct": "sparse LU",
+        "power": "power iteration",
+    }
+    assert set(parts) == set(SOLVERS)
+    return "; ".join(f"{k}: {parts[k]}" + (" (default)" if k == default else "") for k in SOLVERS)

@@ -29,10 +29,11 @@ Search modes (``search=``), each result saying how it was obtained
     ``upper_bound_tok_s`` is still a proven bound, so its gap is honest
     (certificate ``"local"``).
 ``auto``
-    ``exhaustive`` while the feasible set is small (210 vectors), ``pruned``
-    for two models up to 8,256 vectors (N = 128), otherwise ``certified`` with
-    ``max_gap`` (``"pruned-exact"`` when the bounds close the gap); a time
-    budget always means ``certified``.
+    :func:`tr_core.search_rule.resolve_auto`: ``exhaustive`` while the feasible
+    set is small (210 vectors), ``pruned`` for two models up to 8,256 vectors
+    (N = 128), otherwise ``certified`` with ``max_gap`` (``"pruned-exact"`` when
+    the bounds close the gap); a time budget always means ``certified``;
+    co-running latencies always ``exhaustive``.
 
 Every search refuses, before any enumeration, to evaluate more than
 ``max_evaluations`` vectors (counted in closed form), with
@@ -49,17 +50,10 @@ from optimizer.optimum import (TIE_RTOL, Optimum, _optimum, evaluate_many, evalu
                                pick_best)
 from tr_core import feasibility as F
 from tr_core.errors import SpecError
+# the names, the auto rule and the default gap have one home (also read by the command lines' --help)
+from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, CERTIFICATES, DEFAULT_MAX_GAP,  # noqa: F401
+                                 SEARCHES, resolve_auto)
 from tr_core.spec import SystemSpec
-
-DEFAULT_MAX_GAP = 0.005
-SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
-CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
-# ``auto`` searches exhaustively up to this many vectors (about N = 20 for two models)
-AUTO_EXHAUSTIVE_MAX = 210
-# ... and, for two models, exactly with pruning up to this many (N = 128).  Above N = 64 the exact search
-# costs what the certified one does at max_gap = 0.5 % (R2R: 12 / 22 / 66 s at N = 80 / 96 / 128 on one
-# core, against 12 / 23 / 69 s certified; benchmarks/RESULTS.md "search", round 3); certified above
-AUTO_PRUNED_MAX = 8256
 
 
 def feasible_thresholds(M: int, N: int, max_count: int | None = None) -> list[tuple[int, ...]]:
@@ -95,12 +89,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
         raise SpecError(f"max_gap must be in [0, 1), got {max_gap!r}")
     total = (F.count_feasible(N, spec.M) if candidates is None else len(candidates))
     if search == "auto":
-        if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
-            search = "exhaustive"
-        elif time_budget_s is None and spec.M == 2 and total <= AUTO_PRUNED_MAX:
-            search = "pruned"
-        else:
-            search = "certified"
+        search = resolve_auto(spec.M, total, time_budget_s=time_budget_s, corun=spec.has_corun)
     if search == "local":
         return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress,
                               policies=policies, **kw)
@@ -133,7 +122,7 @@ def _check_search(search: str) -> str:
 def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, executor=None, progress=None,
                    search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                    time_budget_s: float | None = None, max_evaluations: int | None = None,
-                   policy_bound_n: int | None = None, **kw) -> list[Optimum]:
+                   policy_bound_n: int | None = None, on_result=None, **kw) -> list[Optimum]:
     """B* for every N in ``Ns``.
 
     ``exhaustive``: all evaluations of the sweep share one pool.  Other modes
@@ -143,13 +132,26 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     the other modes.  ``policy_bound_n``: solve the all-policy bound at this
     concurrency once and scale it to every larger N of the sweep (a tighter
     certificate; default ``min(max(Ns), 12)`` for the certified and local
-    modes, 0 to skip).
+    modes, 0 to skip).  ``on_result(optimum)``: called once per N as soon as
+    its result is final (from a helper thread when a local pool runs the
+    sweep; for an exhaustive sweep on a pool, or on a Dask cluster, when the
+    pool's part that holds it returns).
     """
     search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
     if search == "exhaustive":
         total = sum(F.count_feasible(n, spec.M) for n in Ns)
         F.check_count(total, max_evaluations, M=spec.M)
+        if on_result is not None and executor is None and workers <= 1 and len(Ns) > 1:
+            # one N at a time, so each row is reported when it is done (nothing to share out)
+            res = []
+            for k, N in enumerate(Ns):
+                evals = evaluate_many(spec, [(int(N), B) for B in F.iter_feasible(N, spec.M)], **kw)
+                res.append(_optimum(int(N), evals, sum(e.seconds for e in evals)))
+                on_result(res[-1])
+                if progress:
+                    progress(k + 1, len(Ns))
+            return res
         tasks = []
         for N in Ns:
             tasks.extend((int(N), B) for B in F.iter_feasible(N, spec.M))
@@ -157,14 +159,18 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         by_n: dict[int, list[Evaluation]] = {}
         for e in evals:
             by_n.setdefault(e.N, []).append(e)
-        return [_optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])) for N in Ns]
+        res = [_optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])) for N in Ns]
+        for o in res if on_result is not None else ():
+            on_result(o)
+        return res
     out: dict[int, Optimum] = {}
     prev = None
     order = sorted(set(Ns))
     policies = None
     if policy_bound_n is None:
         needs = search in ("certified", "local") or (
-            search == "auto" and (time_budget_s is not None or F.count_feasible(max(order), spec.M) > AUTO_EXHAUSTIVE_MAX))
+            search == "auto" and resolve_auto(spec.M, F.count_feasible(max(order), spec.M),
+                                              time_budget_s=time_budget_s) != "exhaustive")
         policy_bound_n = min(max(order), 12) if needs else 0
     if policy_bound_n and policy_bound_n > 0:
         from optimizer.bounds import PolicyBounds
@@ -177,15 +183,20 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         from tr_core.parallel import map_tasks
 
         w = len(order) if executor is not None else min(int(workers), len(order))
-        parts = [(spec, order[i::w], common) for i in range(w)]
-        for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress):
-            for o in res:
-                out[o.N] = o
+        with _Relay(on_result if executor is None else None) as relay:
+            parts = [(spec, order[i::w], common, relay.queue) for i in range(w)]
+            for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress):
+                for o in res:
+                    out[o.N] = o
+                    if on_result is not None and executor is not None:
+                        on_result(o)
         return [out[N] for N in Ns]
     for k, N in enumerate(order):
         o = optimize_thresholds(spec, N, start=prev, workers=workers, executor=executor, **common)
         prev = o.best_B
         out[N] = o
+        if on_result is not None:
+            on_result(o)
         if progress:
             progress(k + 1, len(order))
     return [out[N] for N in Ns]
@@ -194,7 +205,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
 def _sweep_chain(payload) -> list[Optimum]:
     """Worker task of :func:`optimize_sweep`: the given N in increasing order, each started near the
     previous one's B* scaled to it (which only orders the work)."""
-    spec, Ns, common = payload
+    spec, Ns, common, queue = payload
     res: list[Optimum] = []
     prev = None
     last = None
@@ -203,7 +214,51 @@ def _sweep_chain(payload) -> list[Optimum]:
         o = optimize_thresholds(spec, N, start=start, workers=1, **common)
         prev, last = o.best_B, N
         res.append(o)
+        if queue is not None:
+            queue.put(o)
     return res
+
+
+class _Relay:
+    """A queue the sweep's worker processes put each finished N on, and a thread that hands every one to
+    ``on_result`` in this process (nothing when ``on_result`` is None)."""
+
+    def __init__(self, on_result):
+        self.on_result = on_result
+        self.queue = None
+        self._manager = self._thread = None
+
+    def __enter__(self):
+        if self.on_result is None:
+            return self
+        import multiprocessing as mp
+        import threading
+
+        self._manager = mp.get_context("spawn").Manager()
+        self.queue = self._manager.Queue()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+        return self
+
+    def _drain(self):
+        while True:
+            try:
+                o = self.queue.get()
+            except (EOFError, OSError):
+                return
+            if o is None:
+                return
+            self.on_result(o)
+
+    def __exit__(self, *exc):
+        if self._manager is None:
+            return False
+        try:
+            self.queue.put(None)
+            self._thread.join(timeout=30)
+        finally:
+            self._manager.shutdown()
+        return False
 
 
 def optimize_local(spec: SystemSpec, N: int, *, start: Sequence[int] | None = None, workers: int = 1,

@@ -67,13 +67,14 @@ import time
 from typing import Any, Callable, Mapping
 
 from tr_core.cli import is_interrupt
+from tr_core import search_rule as S_RULE
 from tr_core.errors import SpecError, StateSpaceTooLarge, TRError
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
                                  canonical_sha256, spec_sha256)
 
 TOOL = "tr-autotune"
-SEARCHES = ("auto", "exhaustive", "pruned", "certified", "local")
+SEARCHES = S_RULE.SEARCHES
 WORKER_WRITE_INTERVAL_S = 0.2
 log = logging.getLogger("tr_model.autotune")
 
@@ -98,7 +99,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def solver_options(solver: str = "auto", tol: float | None = None, max_states: int | None = None,
-                   round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
+                   round_to_grid: bool = False, search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP,
                    max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> dict:
     """The options of the per-N optimization (part of the inputs hash).
 
@@ -238,7 +239,6 @@ POLICY_BOUND_N = {2: 24, 3: 6}
 
 def _may_certify(spec: SystemSpec, n: int, opts: Mapping[str, Any]) -> bool:
     """Whether the row at ``n`` may come out certified (its search is not exact for sure)."""
-    from optimizer import search as S
     from tr_core import feasibility as F
 
     mode = opts["search"]
@@ -246,10 +246,8 @@ def _may_certify(spec: SystemSpec, n: int, opts: Mapping[str, Any]) -> bool:
         return True
     if mode != "auto":
         return False
-    if opts.get("time_budget_per_n_s") is not None:
-        return True
-    limit = S.AUTO_PRUNED_MAX if spec.M == 2 else S.AUTO_EXHAUSTIVE_MAX
-    return F.count_feasible(n, spec.M) > limit
+    return S_RULE.resolve_auto(spec.M, F.count_feasible(n, spec.M), time_budget_s=opts.get("time_budget_per_n_s"),
+                               corun=spec.has_corun) == "certified"
 
 
 def _policy_bounds(spec: SystemSpec, max_concurrency: int, opts: Mapping[str, Any]):
@@ -395,7 +393,7 @@ def _remove_worker_files(out: str, *, log_file: bool = False) -> None:
 def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time_budget_s: float | None = None,
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
-         search: str = "auto", max_gap: float = 0.005, max_evaluations: int | None = None,
+         search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP, max_evaluations: int | None = None,
          time_budget_per_n_s: float | None = None, worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
@@ -648,7 +646,7 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
 def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, time_budget_s: float = 5.0,
                     cache_dir: str | os.PathLike | None = None, background: bool = True, *,
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
-                    round_to_grid: bool = False, search: str = "auto", max_gap: float = 0.005,
+                    round_to_grid: bool = False, search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP,
                     max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> ThresholdTable:
     """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 

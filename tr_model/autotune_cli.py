@@ -68,15 +68,18 @@ def _add_run(sub) -> None:
     t.add_argument("--background", action="store_true", help="with --time-budget-s: finish the remaining N in a "
                    "separate process that replaces the file atomically when done")
     t.add_argument("--cache-dir", metavar="DIR", help="also keep complete tables as DIR/<inputs_sha256>.json")
-    t.add_argument("--solver", default="auto", help="stationary solver passed to tr_model.optimize (default auto)")
+    import dtmc
+    from tr_core.search_rule import DEFAULT_MAX_GAP, SEARCHES, search_help
+
+    t.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver: "
+                   + dtmc.solver_help("auto"))
     t.add_argument("--tol", type=float, help="stationary residual tolerance (default: the solver's)")
     t.add_argument("--max-states", type=int, metavar="S", help="stop the table before the first N whose chain "
                    "has more than S states")
-    t.add_argument("--search", choices=("auto", "exhaustive", "pruned", "certified", "local"), help="threshold "
-                   "search per N (default: the tuner's, auto: exhaustive for small N, pruned exact to N = 128 "
-                   "for two models, certified above); every row records its certificate")
+    t.add_argument("--search", choices=SEARCHES, help="threshold search per N (default auto; every row records "
+                   "its certificate): " + search_help("auto"))
     t.add_argument("--max-gap", type=float, metavar="G", help="certified rows: largest relative gap between the "
-                   "row's throughput and the proven upper bound (default 0.005)")
+                   f"row's throughput and the proven upper bound (default {DEFAULT_MAX_GAP:g})")
     t.add_argument("--max-evaluations", type=int, metavar="K", help="refuse an N whose search would solve more "
                    "chains than this (exit code 3)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "

@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from tr_core.cli import (IntRanges, Parser, Progress, add_output_args, add_version, emit, format_gain,
                          format_table, note, output_format, parse_int_list, run_cli, to_csv)
 from tr_core.errors import SpecError, StateSpaceTooLarge
+from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_SEARCH, SEARCHES,
+                                 largest_n, search_help)
 from tr_core.spec import spec_to_dict
 from tr_core.system_args import System, add_system_args, build_system
 
-SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")  # optimizer.search.SEARCHES (not imported: --help
-# stays fast)
 OUTPUT_SCHEMA_VERSION = 1
 DEFAULT_NS = [1, 2, 4, 8, 16]
 DEFAULT_MAX_EVALUATIONS = 1_000_000
+LONG_SWEEP_CHAINS = 200  # a sweep with more chains than this (or a bounded search) reports each N on stderr
 
 # keys every result row carries, whichever method produced it (None where a method has no value)
 RESULT_KEYS = ("N", "B", "method", "throughput_tok_s", "ci95_tok_s", "eager_throughput_tok_s", "gain_vs_eager",
@@ -80,15 +81,11 @@ def _add_search_args(p) -> None:
     s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
-    s.add_argument("--search", choices=SEARCHES, default="exhaustive",
-                   help="exhaustive: every feasible B (the definition of B*, default); pruned: the same B*, "
-                   "skipping vectors a bound proves worse; certified: stop within --max-gap of the bound; "
-                   "local: steepest ascent over +-1 neighbours from the previous N's B* (a heuristic); auto: "
-                   "exhaustive when small, certified otherwise")
-    s.add_argument("--max-gap", type=float, default=0.005, metavar="G", help="certified/auto: relative gap "
-                   "between B* and the proven upper bound at which the search stops (default %(default)g)")
-    s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver (default auto: "
-                   "compiled Gauss-Seidel, direct LU fallback)")
+    s.add_argument("--search", choices=SEARCHES, default=DEFAULT_SEARCH, help=search_help(DEFAULT_SEARCH))
+    s.add_argument("--max-gap", type=float, default=DEFAULT_MAX_GAP, metavar="G", help="certified/auto: relative "
+                   "gap between B* and the proven upper bound at which the search stops (default %(default)g)")
+    s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver: "
+                   + dtmc.solver_help("auto"))
     s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
                    "relative to max(pi) (default %(default)g)")
     s.add_argument("--max-states", type=int, default=None, metavar="S",
@@ -139,12 +136,48 @@ def _exhaustive_count(M: int, Ns: IntRanges) -> int:
     return sum(math.comb(b + M, M + 1) - math.comb(a - 1 + M, M + 1) for a, b in Ns.spans)
 
 
-def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str) -> int:
-    """Chains (or simulations) a sweep is known to need before it starts: every feasible B for an
-    exhaustive search, at least one per N otherwise (the bounded searches count their own as they go)."""
-    if B is None and method != "simulate" and search == "exhaustive":
+def _auto_spans(M: int, Ns: IntRanges, corun: bool) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The searches ``--search auto`` will run over the sweep, each with its spans of N
+    (:func:`tr_core.search_rule.resolve_auto`, by the closed-form count of each N's feasible set)."""
+    if corun:
+        return [("exhaustive", list(Ns.spans))]
+    n_ex = largest_n(AUTO_EXHAUSTIVE_MAX, M)
+    n_pr = largest_n(AUTO_PRUNED_MAX, M) if M == 2 else n_ex
+    out = []
+    for name, lo, hi in (("exhaustive", 1, n_ex), ("pruned", n_ex + 1, n_pr), ("certified", n_pr + 1, None)):
+        spans = [(max(a, lo), b if hi is None else min(b, hi)) for a, b in Ns.spans]
+        spans = [(a, b) for a, b in spans if a <= b]
+        if spans:
+            out.append((name, spans))
+    return out
+
+
+def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str, corun: bool = False) -> int:
+    """Chains (or simulations) a sweep is known to need before it starts: every feasible B where the search
+    is exhaustive (``auto`` included, for the N it searches exhaustively), at least one per N otherwise (the
+    bounded searches count their own as they go)."""
+    if B is not None or method == "simulate":
+        return len(Ns)
+    if search == "exhaustive":
         return _exhaustive_count(M, Ns)
+    if search == "auto":
+        total = 0
+        for name, spans in _auto_spans(M, Ns, corun):
+            part = IntRanges(spans)
+            total += _exhaustive_count(M, part) if name == "exhaustive" else len(part)
+        return total
     return len(Ns)
+
+
+def _auto_note(M: int, Ns: IntRanges, corun: bool) -> str:
+    """What ``--search auto`` does on this sweep, in one line."""
+    def span_text(spans):
+        return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    parts = [f"{'pruned (exact)' if name == 'pruned' else name} for N = {span_text(spans)}"
+             for name, spans in _auto_spans(M, Ns, corun)]
+    why = (" (co-running latencies: the bounds of the pruned and certified searches are not proven for them "
+           "yet)") if corun else ""
+    return "search auto: " + "; ".join(parts) + why
 
 
 def _check_numbers(a) -> None:
@@ -211,7 +244,7 @@ def validate(a) -> Plan:
         from tr_core.feasibility import check_thresholds
         check_thresholds(a.B, Ns.min, M, name="--B")
     from tr_core.feasibility import check_count
-    total = _sweep_evaluations(M, Ns, a.B, a.method, a.search)
+    total = _sweep_evaluations(M, Ns, a.B, a.method, a.search, system.spec.has_corun)
     check_count(total, a.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
     max_states = a.max_states
     if max_states is None:
@@ -266,13 +299,13 @@ def _dask_client(address: str):
         raise SpecError(f"--dask: cannot connect to the scheduler at {address!r}: {e}") from None
 
 
-def _compute_exact_search(plan: Plan, doc: dict, progress) -> list:
+def _compute_exact_search(plan: Plan, doc: dict, progress, on_result=None) -> list:
     from tr_model.api import optimize_many
 
     client = _dask_client(plan.dask) if plan.dask else None
     try:
         opts = optimize_many(plan.system.spec, plan.Ns, workers=plan.workers, executor=client,
-                             progress=progress, **plan.search, **plan.kw)
+                             progress=progress, on_result=on_result, **plan.search, **plan.kw)
     finally:
         if client is not None:
             client.close()
@@ -289,26 +322,94 @@ def _compute_exact_vectors(plan: Plan, doc: dict) -> list:
     return []
 
 
+def _proven(e) -> bool:
+    return math.isfinite(e.throughput_error_bound) and not str(e.bound_method).startswith("estimate")
+
+
 def _accuracy_of(opt) -> dict:
-    """Accuracy of a search result (issue 13): B*'s bound, the largest over the sweep, all bounded?"""
-    bounds = [e.throughput_error_bound for e in opt.evaluations] or [opt.best.throughput_error_bound]
+    """Accuracy of a search result (issue 13): B*'s bound, the largest over the sweep, all bounded?  And what
+    a loose bound on a rejected chain means for B* (issue 25): ``loose_rejected`` counts the evaluated but
+    rejected chains whose bound is above the accuracy tolerance, ``b_star_rivals`` lists those among them
+    whose throughput, raised by its bound, reaches B*'s lowered by its own (they could be the true best);
+    ``b_star_stands``: B*'s own bound is within tolerance and no rival exists."""
+    best = opt.best
+    bounds = [e.throughput_error_bound for e in opt.evaluations] or [best.throughput_error_bound]
     worst = max(bounds)
-    return {"throughput_error_bound": opt.best.to_dict()["throughput_error_bound"],
+    floor = best.throughput_tok_s * (1.0 - best.throughput_error_bound) if _proven(best) else math.inf
+    loose = [e for e in opt.evaluations if tuple(e.B) != tuple(best.B) and not e.accuracy_ok]
+    rivals = [list(e.B) for e in loose
+              if not (_proven(e) and e.throughput_tok_s * (1.0 + e.throughput_error_bound) < floor)]
+    return {"throughput_error_bound": best.to_dict()["throughput_error_bound"],
             "max_throughput_error_bound": worst if math.isfinite(worst) else None,
-            "accuracy_ok": all(e.accuracy_ok for e in opt.evaluations) and opt.best.accuracy_ok}
+            "accuracy_ok": all(e.accuracy_ok for e in opt.evaluations) and best.accuracy_ok,
+            "loose_rejected": len(loose), "b_star_rivals": rivals,
+            "b_star_stands": bool(best.accuracy_ok and not rivals)}
+
+
+def _ns(rows: list) -> str:
+    return ", ".join(str(r["N"]) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
 
 
 def _warn_inaccurate(doc: dict) -> None:
-    """One ``warning:`` line on stderr when some result's throughput error is not bounded within 1e-6."""
+    """One ``warning:`` line on stderr when some result's throughput error is not bounded within 1e-6, saying
+    what it means for B*: B*'s own value is loose, or only rejected chains are (B* stands when their bounds
+    keep them below B*'s throughput, and is not proven when one could reach it)."""
+    import dtmc
+
     bad = [r for r in doc["results"] if r.get("accuracy_ok") is False]
-    if bad:
-        where = ", ".join(f"N = {r['N']}" for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        print(f"warning: the throughput error of {len(bad)} result(s) ({where}) is not bounded within 1e-6 "
-              f"relative (see throughput_error_bound in --format json)", file=sys.stderr)
+    if not bad:
+        return
+    tol = f"{dtmc.ACCURACY_TOL:g}"
+    own = [r for r in bad if "b_star_stands" not in r or not (r["b_star_stands"] or r["b_star_rivals"])]
+    stands = [r for r in bad if r.get("b_star_stands")]
+    open_ = [r for r in bad if r not in own and r not in stands]
+    parts = []
+    if own:
+        parts.append(f"at N = {_ns(own)} the throughput of B* itself is not bounded within {tol} relative")
+    if stands:
+        parts.append(f"at N = {_ns(stands)} only evaluated-but-rejected chains are (their bounds still keep them "
+                     f"below B*'s throughput: B* and its throughput stand)")
+    if open_:
+        n_riv = sum(len(r["b_star_rivals"]) for r in open_)
+        parts.append(f"at N = {_ns(open_)} {n_riv} evaluated-but-rejected chain(s) could, within their bounds, "
+                     f"reach B*'s throughput (e.g. B = {_b(open_[0]['b_star_rivals'][0])}): B* is not proven "
+                     f"among them (try --solver gth or a smaller --tol)")
+    print(f"warning: the throughput error of {len(bad)} result(s) is not bounded within {tol} relative: "
+          + "; ".join(parts) + " (see throughput_error_bound, b_star_rivals in --format json)", file=sys.stderr)
 
 
-def compute(plan: Plan, progress=None) -> tuple[dict, list]:
-    """The result document, and the optimum objects found (for plotting)."""
+class _RowReporter:
+    """One stderr line per N of a sweep as soon as its B* is final (the table comes at the end)."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def __call__(self, o) -> None:
+        self.done += 1
+        how = {"exhaustive": "exhaustive", "pruned-exact": "pruned, exact"}.get(o.certificate, o.certificate)
+        gap = "" if o.exact else f", gap {o.gap:.2%}"
+        sys.stderr.write(f"N = {o.N}: B* = {_b(o.best_B)}, {o.throughput_tok_s:.2f} tok/s ({how}{gap}, "
+                         f"{o.evaluated} chain{'' if o.evaluated == 1 else 's'}, {o.seconds:.2f} s) "
+                         f"[{self.done}/{self.total}]\n")
+        sys.stderr.flush()
+
+
+def _long_sweep(plan: Plan) -> bool:
+    """A sweep worth reporting N by N: more than ``LONG_SWEEP_CHAINS`` chains known up front, or a bounded
+    search at some N (decided from the flags alone, so the output does not depend on the machine's speed)."""
+    if len(plan.Ns) < 2 or plan.B is not None or plan.method != "exact":
+        return False
+    spec = plan.system.spec
+    search = plan.search["search"]
+    if search == "auto" and [n for n, _ in _auto_spans(spec.M, plan.Ns, spec.has_corun)] != ["exhaustive"]:
+        return True
+    return search != "auto" and search != "exhaustive" or \
+        _sweep_evaluations(spec.M, plan.Ns, None, "exact", search, spec.has_corun) > LONG_SWEEP_CHAINS
+
+
+def compute(plan: Plan, progress=None, on_result=None) -> tuple[dict, list]:
+    """The result document, and the optimum objects found (for plotting).  ``on_result(optimum)``: called
+    for each N of an exact search as soon as it is final."""
     spec = plan.system.spec
     doc: dict = {"schema_version": OUTPUT_SCHEMA_VERSION, "spec": spec_to_dict(spec), "results": []}
     if plan.system.delta_auto:
@@ -320,7 +421,7 @@ def compute(plan: Plan, progress=None) -> tuple[dict, list]:
     elif plan.B is not None:
         found = _compute_exact_vectors(plan, doc)
     else:
-        found = _compute_exact_search(plan, doc, progress)
+        found = _compute_exact_search(plan, doc, progress, on_result)
     if plan.check_delta:
         doc["delta_check"] = _check_delta(plan, doc["results"])
     return doc, found
@@ -539,8 +640,14 @@ def main_impl(argv=None) -> int:
     if speak:
         for line in plan.system.notes() + _rounding_notes(plan.roundings, plan.system.spec.M):
             note(line)
-    progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet))
-    doc, found = compute(plan, progress)
+        spans = _auto_spans(plan.system.spec.M, plan.Ns, plan.system.spec.has_corun)
+        if (plan.search["search"] == "auto" and plan.B is None and plan.method == "exact"
+                and (plan.system.spec.has_corun or [name for name, _ in spans] != ["exhaustive"])):
+            note(_auto_note(plan.system.spec.M, plan.Ns, plan.system.spec.has_corun))
+    rows = not a.quiet and _long_sweep(plan)
+    # a sweep reports each N as it completes; a single N shows a progress bar on a terminal
+    progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet and not rows))
+    doc, found = compute(plan, progress, on_result=_RowReporter(len(plan.Ns)) if rows else None)
     _warn_inaccurate(doc)
     if a.plot:
         from tr_model.plots import plot_throughput

@@ -1,0 +1,74 @@
+"""The threshold searches' names, the ``auto`` rule and the default gap: one home for all of them.
+
+:mod:`optimizer.search` runs the searches; the command lines (``tr-optimize``, ``tr-autotune``) and the
+autotune hook take the names, the defaults and the ``--help`` text from here, so what ``--help`` says is
+what :func:`resolve_auto` does (tests/test_search_rule.py checks both against each other).  This module
+imports nothing heavy (no numba), so a ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+
+SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
+CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
+DEFAULT_SEARCH = "auto"
+# the relative gap between B*'s throughput and the proven upper bound at which a certified search stops
+DEFAULT_MAX_GAP = 0.005
+# ``auto`` searches exhaustively up to this many feasible vectors (N = 20 for two models) ...
+AUTO_EXHAUSTIVE_MAX = 210
+# ... and, for two models, exactly with pruning up to this many (N = 128).  Above N = 64 the exact search
+# costs what the certified one does at max_gap = 0.5 % (R2R: 12 / 22 / 66 s at N = 80 / 96 / 128 on one
+# core, against 12 / 23 / 69 s certified; benchmarks/RESULTS.md "search", round 3); certified above
+AUTO_PRUNED_MAX = 8256
+AUTO_PRUNED_M = 2
+
+
+def _count(N: int, M: int) -> int:
+    return math.comb(N - 1 + M, M)
+
+
+def largest_n(limit: int, M: int) -> int:
+    """The largest N whose feasible set (C(N - 1 + M, M) vectors) has at most ``limit`` vectors."""
+    n = 0
+    while _count(n + 1, M) <= limit:
+        n += 1
+    return n
+
+
+def resolve_auto(M: int, total: int, *, time_budget_s: float | None = None, corun: bool = False) -> str:
+    """The search ``auto`` runs for ``total`` candidate vectors of an M-model system.
+
+    Exhaustive while the set is small; pruned (exact) for two models up to ``AUTO_PRUNED_MAX``; certified
+    otherwise or whenever a time budget is given.  With co-running latencies only the exhaustive search
+    is proven (the bounds of the others assume solo latencies), so ``auto`` is exhaustive there.
+    """
+    if corun:
+        return "exhaustive"
+    if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
+        return "exhaustive"
+    if time_budget_s is None and M == AUTO_PRUNED_M and total <= AUTO_PRUNED_MAX:
+        return "pruned"
+    return "certified"
+
+
+def auto_rule_text() -> str:
+    """``auto`` in words, from the constants above (for ``--help`` and the docs)."""
+    n_ex = largest_n(AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_M)
+    n_pr = largest_n(AUTO_PRUNED_MAX, AUTO_PRUNED_M)
+    return (f"exhaustive up to {AUTO_EXHAUSTIVE_MAX:,} feasible vectors (N <= {n_ex} for two models), "
+            f"pruned (exact) for two models up to {AUTO_PRUNED_MAX:,} (N <= {n_pr}), certified within "
+            f"--max-gap above or with a time budget; exhaustive with co-running latencies")
+
+
+def search_help(default: str = DEFAULT_SEARCH) -> str:
+    """The ``--search`` help text; every mode named in :data:`SEARCHES`."""
+    parts = {
+        "exhaustive": "every feasible B (the definition of B*)",
+        "pruned": "the same B*, skipping vectors a proven bound shows worse",
+        "certified": "stop within --max-gap of the proven upper bound",
+        "local": "steepest ascent over +-1 neighbours from the previous N's B* (a heuristic, with a proven gap)",
+        "auto": auto_rule_text(),
+    }
+    assert set(parts) == set(SEARCHES)
+    return "; ".join(f"{k}: {parts[k]}" + (" (default)" if k == default else "") for k in SEARCHES)

@@ -32,8 +32,7 @@ Search modes (``search=``), each result saying how it was obtained
     :func:`tr_core.search_rule.resolve_auto`: ``exhaustive`` while the feasible
     set is small (210 vectors), ``pruned`` for two models up to 8,256 vectors
     (N = 128), otherwise ``certified`` with ``max_gap`` (``"pruned-exact"`` when
-    the bounds close the gap); a time budget always means ``certified``;
-    co-running latencies always ``exhaustive``.
+    the bounds close the gap); a time budget always means ``certified``.
 
 Every search refuses, before any enumeration, to evaluate more than
 ``max_evaluations`` vectors (counted in closed form), with
@@ -89,7 +88,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
         raise SpecError(f"max_gap must be in [0, 1), got {max_gap!r}")
     total = (F.count_feasible(N, spec.M) if candidates is None else len(candidates))
     if search == "auto":
-        search = resolve_auto(spec.M, total, time_budget_s=time_budget_s, corun=spec.has_corun)
+        search = resolve_auto(spec.M, total, time_budget_s=time_budget_s)
     if search == "local":
         return optimize_local(spec, N, start=start, workers=workers, executor=executor, progress=progress,
                               policies=policies, **kw)

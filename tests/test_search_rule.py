@@ -29,7 +29,6 @@ def test_resolve_auto_boundaries_follow_the_constants():
     n3 = R.largest_n(R.AUTO_EXHAUSTIVE_MAX, 3)
     assert R.resolve_auto(3, c(n3, 3)) == "exhaustive" and R.resolve_auto(3, c(n3 + 1, 3)) == "certified"
     assert R.resolve_auto(2, 3, time_budget_s=1.0) == "certified"
-    assert R.resolve_auto(2, 10 ** 6, corun=True) == "exhaustive"
 
 
 def test_search_help_is_built_from_the_rule():
@@ -85,14 +84,13 @@ def test_auto_spans_and_counted_evaluations():
     from tr_model.cli import _auto_note, _auto_spans, _sweep_evaluations
 
     Ns = IntRanges([(1, 64)])
-    assert _auto_spans(2, Ns, False) == [("exhaustive", [(1, 20)]), ("pruned", [(21, 64)])]
-    assert _auto_spans(2, IntRanges([(100, 200)]), False) == [("pruned", [(100, 128)]),
-                                                              ("certified", [(129, 200)])]
-    assert _auto_spans(2, Ns, True) == [("exhaustive", [(1, 64)])]
+    assert _auto_spans(2, Ns) == [("exhaustive", [(1, 20)]), ("pruned", [(21, 64)])]
+    assert _auto_spans(2, IntRanges([(100, 200)])) == [("pruned", [(100, 128)]), ("certified", [(129, 200)])]
+    assert _auto_spans(3, IntRanges([(1, 12)])) == [("exhaustive", [(1, 9)]), ("certified", [(10, 12)])]
     ex20 = sum(math.comb(n + 1, 2) for n in range(1, 21))
     assert _sweep_evaluations(2, Ns, None, "exact", "auto") == ex20 + 44
-    assert _sweep_evaluations(2, Ns, None, "exact", "auto", corun=True) == math.comb(66, 3)
-    assert "co-running" in _auto_note(2, Ns, True) and "pruned (exact) for N = 21-64" in _auto_note(2, Ns, False)
+    assert _sweep_evaluations(2, Ns, None, "exact", "exhaustive") == math.comb(66, 3)
+    assert _auto_note(2, Ns) == "search auto: exhaustive for N = 1-20; pruned (exact) for N = 21-64"
 
 
 def test_sweep_reports_each_n_once(tmp_path):
@@ -127,20 +125,22 @@ def test_cli_default_is_auto_and_sweeps_show_rows(capsys, tmp_path):
     assert rc == 0 and capsys.readouterr().err == ""   # a short exhaustive sweep: only the table
 
 
-def test_cli_default_with_corun_falls_back_to_exhaustive_and_says_so(capsys, tmp_path):
+def test_cli_default_with_corun_runs_the_auto_rule(capsys, tmp_path):
+    """Co-running latencies: the default search works and is exact (pruned == exhaustive at N = 21)."""
+    import json
+
     from tr_model import cli
 
-    argv = ["--p", "0.35", "--L", "6", "28", "--corun-slowdown", "1.5", "1.2", "--N", "3", "21",
+    argv = ["--p", "0.35", "--L", "6", "28", "--corun-slowdown", "1.5", "1.2", "--N", "21",
             "--cache-dir", str(tmp_path), "--format", "json"]
     rc = cli.main(argv)
     out, err = capsys.readouterr()
     assert rc == 0, err
-    import json
-    doc = json.loads(out)
-    assert [r["evaluated"] for r in doc["results"]][1] >= math.comb(22, 2)  # every vector at N = 21
-    rc = cli.main(argv[:-2])
-    _, err = capsys.readouterr()
-    assert rc == 0 and "search auto: exhaustive for N = 3, 21 (co-running latencies" in err
+    auto = json.loads(out)["results"][0]
+    assert auto["certificate"] == "pruned-exact"
+    assert cli.main(argv + ["--search", "exhaustive"]) == 0
+    ex = json.loads(capsys.readouterr().out)["results"][0]
+    assert auto["B"] == ex["B"] and auto["throughput_tok_s"] == pytest.approx(ex["throughput_tok_s"], rel=1e-9)
 
 
 def _ev(B, thr, bound, method="tree bound"):

@@ -36,15 +36,13 @@ def largest_n(limit: int, M: int) -> int:
     return n
 
 
-def resolve_auto(M: int, total: int, *, time_budget_s: float | None = None, corun: bool = False) -> str:
+def resolve_auto(M: int, total: int, *, time_budget_s: float | None = None) -> str:
     """The search ``auto`` runs for ``total`` candidate vectors of an M-model system.
 
     Exhaustive while the set is small; pruned (exact) for two models up to ``AUTO_PRUNED_MAX``; certified
-    otherwise or whenever a time budget is given.  With co-running latencies only the exhaustive search
-    is proven (the bounds of the others assume solo latencies), so ``auto`` is exhaustive there.
+    otherwise or whenever a time budget is given (co-running latencies included: the bounds apply the
+    launch law, docs/model.md).
     """
-    if corun:
-        return "exhaustive"
     if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
         return "exhaustive"
     if time_budget_s is None and M == AUTO_PRUNED_M and total <= AUTO_PRUNED_MAX:
@@ -58,7 +56,7 @@ def auto_rule_text() -> str:
     n_pr = largest_n(AUTO_PRUNED_MAX, AUTO_PRUNED_M)
     return (f"exhaustive up to {AUTO_EXHAUSTIVE_MAX:,} feasible vectors (N <= {n_ex} for two models), "
             f"pruned (exact) for two models up to {AUTO_PRUNED_MAX:,} (N <= {n_pr}), certified within "
-            f"--max-gap above or with a time budget; exhaustive with co-running latencies")
+            f"--max-gap above or with a time budget")
 
 
 def search_help(default: str = DEFAULT_SEARCH) -> str:

@@ -246,8 +246,8 @@ def _may_certify(spec: SystemSpec, n: int, opts: Mapping[str, Any]) -> bool:
         return True
     if mode != "auto":
         return False
-    return S_RULE.resolve_auto(spec.M, F.count_feasible(n, spec.M), time_budget_s=opts.get("time_budget_per_n_s"),
-                               corun=spec.has_corun) == "certified"
+    return S_RULE.resolve_auto(spec.M, F.count_feasible(n, spec.M), time_budget_s=opts.get("time_budget_per_n_s")) \
+        == "certified"
 
 
 def _policy_bounds(spec: SystemSpec, max_concurrency: int, opts: Mapping[str, Any]):

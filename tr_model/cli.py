@@ -136,11 +136,9 @@ def _exhaustive_count(M: int, Ns: IntRanges) -> int:
     return sum(math.comb(b + M, M + 1) - math.comb(a - 1 + M, M + 1) for a, b in Ns.spans)
 
 
-def _auto_spans(M: int, Ns: IntRanges, corun: bool) -> list[tuple[str, list[tuple[int, int]]]]:
+def _auto_spans(M: int, Ns: IntRanges) -> list[tuple[str, list[tuple[int, int]]]]:
     """The searches ``--search auto`` will run over the sweep, each with its spans of N
     (:func:`tr_core.search_rule.resolve_auto`, by the closed-form count of each N's feasible set)."""
-    if corun:
-        return [("exhaustive", list(Ns.spans))]
     n_ex = largest_n(AUTO_EXHAUSTIVE_MAX, M)
     n_pr = largest_n(AUTO_PRUNED_MAX, M) if M == 2 else n_ex
     out = []
@@ -152,7 +150,7 @@ def _auto_spans(M: int, Ns: IntRanges, corun: bool) -> list[tuple[str, list[tupl
     return out
 
 
-def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str, corun: bool = False) -> int:
+def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str) -> int:
     """Chains (or simulations) a sweep is known to need before it starts: every feasible B where the search
     is exhaustive (``auto`` included, for the N it searches exhaustively), at least one per N otherwise (the
     bounded searches count their own as they go)."""
@@ -162,22 +160,20 @@ def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str, corun
         return _exhaustive_count(M, Ns)
     if search == "auto":
         total = 0
-        for name, spans in _auto_spans(M, Ns, corun):
+        for name, spans in _auto_spans(M, Ns):
             part = IntRanges(spans)
             total += _exhaustive_count(M, part) if name == "exhaustive" else len(part)
         return total
     return len(Ns)
 
 
-def _auto_note(M: int, Ns: IntRanges, corun: bool) -> str:
+def _auto_note(M: int, Ns: IntRanges) -> str:
     """What ``--search auto`` does on this sweep, in one line."""
     def span_text(spans):
         return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
     parts = [f"{'pruned (exact)' if name == 'pruned' else name} for N = {span_text(spans)}"
-             for name, spans in _auto_spans(M, Ns, corun)]
-    why = (" (co-running latencies: the bounds of the pruned and certified searches are not proven for them "
-           "yet)") if corun else ""
-    return "search auto: " + "; ".join(parts) + why
+             for name, spans in _auto_spans(M, Ns)]
+    return "search auto: " + "; ".join(parts)
 
 
 def _check_numbers(a) -> None:
@@ -244,7 +240,7 @@ def validate(a) -> Plan:
         from tr_core.feasibility import check_thresholds
         check_thresholds(a.B, Ns.min, M, name="--B")
     from tr_core.feasibility import check_count
-    total = _sweep_evaluations(M, Ns, a.B, a.method, a.search, system.spec.has_corun)
+    total = _sweep_evaluations(M, Ns, a.B, a.method, a.search)
     check_count(total, a.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
     max_states = a.max_states
     if max_states is None:
@@ -401,10 +397,10 @@ def _long_sweep(plan: Plan) -> bool:
         return False
     spec = plan.system.spec
     search = plan.search["search"]
-    if search == "auto" and [n for n, _ in _auto_spans(spec.M, plan.Ns, spec.has_corun)] != ["exhaustive"]:
+    if search == "auto" and [n for n, _ in _auto_spans(spec.M, plan.Ns)] != ["exhaustive"]:
         return True
     return search != "auto" and search != "exhaustive" or \
-        _sweep_evaluations(spec.M, plan.Ns, None, "exact", search, spec.has_corun) > LONG_SWEEP_CHAINS
+        _sweep_evaluations(spec.M, plan.Ns, None, "exact", search) > LONG_SWEEP_CHAINS
 
 
 def compute(plan: Plan, progress=None, on_result=None) -> tuple[dict, list]:
@@ -640,10 +636,9 @@ def main_impl(argv=None) -> int:
     if speak:
         for line in plan.system.notes() + _rounding_notes(plan.roundings, plan.system.spec.M):
             note(line)
-        spans = _auto_spans(plan.system.spec.M, plan.Ns, plan.system.spec.has_corun)
         if (plan.search["search"] == "auto" and plan.B is None and plan.method == "exact"
-                and (plan.system.spec.has_corun or [name for name, _ in spans] != ["exhaustive"])):
-            note(_auto_note(plan.system.spec.M, plan.Ns, plan.system.spec.has_corun))
+                and [name for name, _ in _auto_spans(plan.system.spec.M, plan.Ns)] != ["exhaustive"]):
+            note(_auto_note(plan.system.spec.M, plan.Ns))
     rows = not a.quiet and _long_sweep(plan)
     # a sweep reports each N as it completes; a single N shows a progress bar on a terminal
     progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet and not rows))

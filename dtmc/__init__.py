@@ -14,7 +14,7 @@ import numpy as np
 
 from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATES, DEFAULT_MAX_TRANSITIONS,
                         Chain, DTMCError,
-                        StateLimitExceeded, build_chain, state_bound)
+                        StateLimitExceeded, build_chain, build_policy_chain, policy_keys, state_bound)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
                         bound_error, closed_classes, gth, residual, solver_help, stationary_distribution,
@@ -22,7 +22,8 @@ from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, Sol
 
 __all__ = [
     "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
-    "build_chain", "state_bound", "stationary_distribution", "closed_classes", "residual",
+    "build_chain", "build_policy_chain", "solve_policy_chain", "policy_keys", "state_bound",
+    "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain", "proven_ok",
     "bound_error", "throughput_bound", "gth", "solver_help", "ACCURACY_TARGET", "ACCURACY_TOL",
     "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
@@ -93,6 +94,20 @@ def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEF
     ``dco``: co-running durations (see :func:`build_chain`); ``None`` for the solo chain."""
     chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states, max_transitions=max_transitions,
                         dco=dco)
+    return _solve_built(chain, solver, tol, keep_pi, x0)
+
+
+def solve_policy_chain(P, C, d, N, states, launch, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
+                       max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
+                       max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None) -> ChainSolution:
+    """:func:`solve_chain` for the chain under a launch-policy table (see :func:`build_policy_chain`);
+    the result's ``B`` is ``()``."""
+    chain = build_policy_chain(P, C, d, N, states, launch, caps=caps, max_states=max_states,
+                               max_transitions=max_transitions, dco=dco)
+    return _solve_built(chain, solver, tol, keep_pi, x0)
+
+
+def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0) -> ChainSolution:
     t0 = time.perf_counter()
     st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0)
     pi = st.pi

@@ -1404,3 +1404,195 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
             return np.inf, 0
         E += -np.log1p(-m[a])
     return 2.0 * E * (1.0 + 1e-12), 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain under a launch-policy table (issue 27).  The launch rule is replaced by a lookup: the
+# *pre-decision configuration* (k_i, b_i, r_i of every model right after an epoch's completions and
+# routing, before any launch; an idle model has b_i = r_i = 0) is packed like a state and looked up
+# in ``pol_keys`` (sorted); ``pol_mask`` bit j says that idle model j launches min(k_j, cap_j)
+# requests, or an *empty batch* (busy d_j(0) quanta, serving nobody) when k_j = 0.  A model is
+# running when r_i > 0 (an empty batch has b_i = 0 and runs).  The co-running law is the chain's:
+# a launch gets dco when another model runs after the completions or launches in the same pass.
+
+BAD_POLICY = 3      # a configuration missing from the table, or a launch of a running model
+
+
+@njit(cache=True)
+def _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
+    """Apply the table's decision to the pre-decision configuration (k, b, r) in place.
+
+    Returns the looked-up key (>= 0) on success, ``-1 - key`` when the configuration is missing or the
+    mask launches a running model."""
+    key = _encode(k, b, r, M, bn, br)
+    pos = np.searchsorted(pol_keys, key)
+    if pos >= pol_keys.shape[0] or pol_keys[pos] != key:
+        return -1 - key
+    mask = pol_mask[pos]
+    running = 0
+    launching = 0
+    for j in range(M):
+        if (mask >> j) & 1:
+            if r[j] > 0:
+                return -1 - key
+            launching += 1
+        elif r[j] > 0:
+            running += 1
+    co = corun and (running > 0 or launching > 1)
+    for j in range(M):
+        if (mask >> j) & 1:
+            take = k[j] if k[j] < caps[j] else caps[j]
+            b[j] = take
+            k[j] -= take
+            r[j] = dco[j, take] if co else d[j, take]
+    return key
+
+
+@njit(cache=True)
+def build_policy_chain(N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states,
+                       max_transitions, init_cap, pol_keys, pol_mask):
+    """Breadth-first enumeration of the chain under the policy table ``(pol_keys, pol_mask)``.
+
+    As :func:`build_chain` otherwise (same packing, merging and CSR output); returns
+    ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``, ``bad_key`` the packed configuration
+    that was missing from the table (or whose decision launches a running model) when ``status`` is
+    BAD_POLICY, and -1 otherwise.
+    """
+    M = caps.shape[0]
+    cap = init_cap
+    keys = np.empty(cap, dtype=np.int64)
+    tau = np.empty(cap, dtype=np.int64)
+    g = np.empty(cap, dtype=np.float64)
+    row_ptr = np.empty(cap + 1, dtype=np.int64)
+    cols = np.empty(cap * 8, dtype=np.int64)
+    vals = np.empty(cap * 8, dtype=np.float64)
+    tcap = 1024
+    while tcap < 2 * cap:
+        tcap *= 2
+    tkeys = np.full(tcap, EMPTY, dtype=np.int64)
+    tvals = np.empty(tcap, dtype=np.int64)
+    k = np.zeros(M, dtype=np.int64)
+    b = np.zeros(M, dtype=np.int64)
+    r = np.zeros(M, dtype=np.int64)
+    k2 = np.zeros(M, dtype=np.int64)
+    b2 = np.zeros(M, dtype=np.int64)
+    r2 = np.zeros(M, dtype=np.int64)
+    done = np.zeros(M, dtype=np.int64)
+    idx = np.zeros(M, dtype=np.int64)
+    lo = np.zeros(M, dtype=np.int64)
+    hi = np.zeros(M, dtype=np.int64)
+
+    k[0] = N
+    got = _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+    if got < 0:
+        return BAD_POLICY, 0, keys, row_ptr, cols, vals, tau, g, -1 - got
+    key0 = _encode(k, b, r, M, bn, br)
+    keys[0] = key0
+    _table_find_or_insert(tkeys, tvals, key0, 0)
+    n = 1
+    nnz = 0
+    row_ptr[0] = 0
+    obuf_k = np.empty(256, dtype=np.int64)
+    obuf_p = np.empty(256, dtype=np.float64)
+    head = 0
+    while head < n:
+        _decode(keys[head], k, b, r, M, bn, br)
+        t = np.int64(1) << 62
+        for i in range(M):
+            if r[i] > 0 and r[i] < t:
+                t = r[i]
+        if t == (np.int64(1) << 62):
+            return DEADLOCK, head, keys, row_ptr, cols, vals, tau, g, -1
+        na = 0
+        gs = 0.0
+        for i in range(M):
+            if r[i] > 0 and r[i] == t:
+                done[na] = i
+                lo[na] = offsets[b[i]]
+                hi[na] = offsets[b[i] + 1]
+                idx[na] = lo[na]
+                na += 1
+                gs += b[i] * cbar[i]
+        tau[head] = t
+        g[head] = gs
+        nout = 0
+        while True:
+            p = 1.0
+            for a in range(na):
+                p *= prob[done[a], idx[a]]
+            if p > 0.0:
+                for i in range(M):
+                    k2[i] = k[i]
+                    if r[i] > 0 and r[i] != t:
+                        b2[i] = b[i]
+                        r2[i] = r[i] - t
+                    else:
+                        b2[i] = 0
+                        r2[i] = 0
+                for a in range(na):
+                    c = idx[a]
+                    for j in range(M):
+                        k2[j] += parts[c, j]
+                got = _policy_launch(k2, b2, r2, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+                if got < 0:
+                    return BAD_POLICY, n, keys, row_ptr, cols, vals, tau, g, -1 - got
+                if nout == obuf_k.shape[0]:
+                    obuf_k = _grow(obuf_k, nout + 1)
+                    obuf_p = _grow(obuf_p, nout + 1)
+                obuf_k[nout] = _encode(k2, b2, r2, M, bn, br)
+                obuf_p[nout] = p
+                nout += 1
+            a = na - 1
+            while a >= 0:
+                idx[a] += 1
+                if idx[a] < hi[a]:
+                    break
+                idx[a] = lo[a]
+                a -= 1
+            if a < 0:
+                break
+        # a table need not be injective on outcomes (empty batches, state-dependent launches): always merge
+        order = np.argsort(obuf_k[:nout], kind="mergesort")
+        if nnz + nout > max_transitions:
+            return TOO_MANY_STATES, n, keys, row_ptr, cols, vals, tau, g, -1
+        if nnz + nout > cols.shape[0]:
+            cols = _grow(cols, nnz + nout)
+            vals = _grow(vals, nnz + nout)
+        last = np.int64(-2)
+        for q in range(nout):
+            o = order[q]
+            kk = obuf_k[o]
+            if kk == last:
+                vals[nnz - 1] += obuf_p[o]
+                continue
+            last = kk
+            col, inserted = _table_find_or_insert(tkeys, tvals, kk, n)
+            if inserted:
+                if n >= max_states:
+                    return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g, -1
+                if n == keys.shape[0]:
+                    keys = _grow(keys, n + 1)
+                    tau = _grow(tau, n + 1)
+                    g = _grow(g, n + 1)
+                if n + 2 > row_ptr.shape[0]:
+                    row_ptr = _grow(row_ptr, n + 2)
+                keys[n] = kk
+                n += 1
+                if 2 * n > tkeys.shape[0]:
+                    tkeys, tvals = _table_rebuild(keys, n, tkeys.shape[0] * 2)
+            cols[nnz] = col
+            vals[nnz] = obuf_p[o]
+            nnz += 1
+        head += 1
+        row_ptr[head] = nnz
+    return OK, n, keys, row_ptr, cols, vals, tau, g, -1
+
+
+@njit(cache=True)
+def encode_configs(W, Bb, R, bn, br):
+    """Pack rows of (k, b, r) arrays of shape (n, M) into keys (the chain's packing)."""
+    n, M = W.shape
+    out = np.empty(n, dtype=np.int64)
+    for s in range(n):
+        out[s] = _encode(W[s], Bb[s], R[s], M, bn, br)
+    return out

@@ -235,3 +235,100 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     return Chain(N=N, B=tuple(int(x) for x in B), keys=keys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
                  waiting=W, batch=Bb, residual=R, arrivals=arrivals,
                  build_seconds=t1 - t0, assembly_seconds=t2 - t1)
+
+
+def policy_keys(states, N: int, dmax: int) -> np.ndarray:
+    """Pack pre-decision configurations ``states`` ((n, M, 3): k, b, r per model) with the chain's packing
+    for concurrency N and longest duration ``dmax`` quanta."""
+    S = np.ascontiguousarray(states, dtype=np.int64)
+    return K.encode_configs(np.ascontiguousarray(S[:, :, 0]), np.ascontiguousarray(S[:, :, 1]),
+                            np.ascontiguousarray(S[:, :, 2]), _bits(N), _bits(dmax))
+
+
+def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, states, launch, caps=None,
+                       max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS,
+                       dco: np.ndarray | None = None) -> Chain:
+    """The chain under a launch-policy table instead of thresholds.
+
+    ``states``: (n, M, 3) integer array, each row a *pre-decision configuration* ``(k_i, b_i, r_i)`` of
+    every model right after an epoch's completions and routing and before any launch (an idle model has
+    ``b_i = r_i = 0``; the initial configuration is ``k_0 = N``, all else 0).  ``launch``: (n, M) booleans,
+    ``launch[s, j]`` = idle model ``j`` launches ``min(k_j, cap_j)`` requests in configuration ``s``, or
+    an *empty batch* (busy ``d_j(0)`` quanta, serving nobody) when ``k_j = 0``.  Every reachable
+    configuration must be in the table (a missing one, a launch of a running model, or a duplicate row
+    raises :class:`DTMCError`); the co-running law (``dco``) is the threshold chain's.  A threshold
+    vector ``B`` is the table ``launch[s, j] = (b_j = r_j = 0 and k_j >= max(B_j, 1))``.
+    """
+    P = np.ascontiguousarray(P, dtype=np.float64)
+    C = np.ascontiguousarray(C, dtype=np.float64)
+    M = P.shape[0]
+    N = int(N)
+    if N < 1:
+        raise DTMCError(f"N must be >= 1, got {N}")
+    S = np.asarray(states)
+    Lm = np.asarray(launch)
+    if S.ndim != 3 or S.shape[1:] != (M, 3):
+        raise DTMCError(f"policy states must have shape (n, M = {M}, 3), got {S.shape}")
+    if Lm.shape != S.shape[:2]:
+        raise DTMCError(f"policy launch must have shape {S.shape[:2]}, got {Lm.shape}")
+    if S.size and (S.min() < 0 or ((S[:, :, 0] + S[:, :, 1]).sum(axis=1) != N).any()):
+        raise DTMCError(f"every policy configuration must hold N = {N} requests (sum of k_i + b_i)")
+    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
+    if (caps < 1).any():
+        raise DTMCError("batch caps must be >= 1")
+    d = np.ascontiguousarray(d, dtype=np.int64)
+    if d.shape != (M, N + 1):
+        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
+    if (d < 1).any():
+        raise DTMCError("durations d must be >= 1 quantum (column 0: the empty batch)")
+    corun = dco is not None
+    if corun:
+        dco = np.ascontiguousarray(dco, dtype=np.int64)
+        if dco.shape != (M, N + 1) or (dco < 1).any():
+            raise DTMCError(f"dco must have shape ({M}, {N + 1}) and entries >= 1 quantum")
+        dmax = int(max(d.max(), dco.max()))
+    else:
+        dco = d
+        dmax = int(d.max())
+    bn, br = _bits(N), _bits(dmax)
+    if M * (2 * bn + br) > 62:
+        raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
+                        f"needs {M * (2 * bn + br)} bits, more than the 62 a packed key holds; use a coarser delta")
+    if S.size and int(S[:, :, 2].max()) > dmax:
+        raise DTMCError(f"a policy configuration has a residual above the longest duration ({dmax} quanta)")
+    keys = policy_keys(S, N, dmax) if S.size else np.zeros(0, dtype=np.int64)
+    mask = (Lm.astype(np.int64) << np.arange(M, dtype=np.int64)[None, :]).sum(axis=1) if S.size \
+        else np.zeros(0, dtype=np.int64)
+    order = np.argsort(keys, kind="mergesort")
+    keys, mask = np.ascontiguousarray(keys[order]), np.ascontiguousarray(mask[order])
+    if keys.size > 1 and (np.diff(keys) == 0).any():
+        raise DTMCError("the policy table lists a configuration twice")
+    cbar = (C * P).sum(axis=1)
+    t0 = time.perf_counter()
+    offsets, parts = _compositions(N, M)
+    logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
+    prob = K.composition_probabilities(P, offsets, parts, logfact)
+    status, n, skeys, row_ptr, cols, vals, tau, g, bad = K.build_policy_chain(
+        N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions),
+        1024, keys, mask)
+    if status == K.TOO_MANY_STATES:
+        raise StateLimitExceeded(int(max_states), n, n * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION),
+                                 transitions=n <= max_states, max_transitions=int(max_transitions))
+    if status == K.DEADLOCK:
+        raise DTMCError("the policy reaches a state where no model runs (deadlock)")
+    if status == K.BAD_POLICY:
+        W, Bb, R = K.decode_states(np.array([bad], dtype=np.int64), M, bn, br)
+        cfg = tuple((int(W[0, i]), int(Bb[0, i]), int(R[0, i])) for i in range(M))
+        raise DTMCError(f"the policy table has no valid decision for the reachable configuration "
+                        f"(k, b, r per model) = {cfg}")
+    t1 = time.perf_counter()
+    nnz = int(row_ptr[n])
+    skeys = skeys[:n].copy()
+    T = sp.csr_matrix((vals[:nnz].copy(), cols[:nnz].copy(), row_ptr[: n + 1].copy()), shape=(n, n))
+    W, Bb, R = K.decode_states(skeys, M, bn, br)
+    done = (R > 0) & (R == tau[:n, None])
+    arrivals = (Bb * done) @ P
+    t2 = time.perf_counter()
+    return Chain(N=N, B=(), keys=skeys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
+                 waiting=W, batch=Bb, residual=R, arrivals=arrivals,
+                 build_seconds=t1 - t0, assembly_seconds=t2 - t1)

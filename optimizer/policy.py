@@ -1,0 +1,423 @@
+r"""The optimal launch policy (issue 27): beyond one fixed threshold per model.
+
+**The decision process** is the all-policy process of bound 4 (``docs/model.md``;
+:func:`optimizer.bounds.policy_bound`): at every epoch, after the completions and the routing, each idle model
+may launch (all its waiting requests, up to its cap), wait, or start an *empty batch* (busy ``d_j(0)``
+quanta, serving nobody: a timer).  Its states are post-decision states ``(k, b, r)``; a decision is taken
+in a *pre-decision configuration* (the same triple per model right after the routing, idle models with
+``b = r = 0``), and the options there depend on that configuration only.
+
+**The policy table** is therefore indexed by the pre-decision configuration of all models (a model's own
+queue together with every other model's queue, batch and residual) and holds one launch bit per model.
+The exact chain accepts such a table instead of thresholds (:func:`dtmc.solve_policy_chain`); a threshold
+vector is the table ``launch_j = idle_j and k_j >= B_j``.
+
+**Solving it** (:func:`optimal_policy`): relative value iteration (damped Gauss-Seidel sweeps of
+``h <- g - lam tau + max_options h``, the kernels of the bound) until the certificate bracket
+``min_s D(h) <= optimum <= max_s D(h)``, ``D = (g + Q*h - h) / tau``, is within ``rtol``; the greedy policy
+of ``h`` is extracted and evaluated *exactly* in the chain under its table (GTH or Anderson with their proven
+error bounds).  The **proven gap** is ``(U - T_low) / U`` with ``U = max_s D(h)`` the all-policy bound (valid
+for every policy, any ``h``) and ``T_low`` the policy's exact throughput less its proven error: no launch
+policy of the process, thresholds included, exceeds ``U``, and the policy reaches ``T_low``.  When the gap is
+above ``target_gap`` a policy-iteration step follows (relative values of the policy on the whole process,
+greedy improvement), until the policy is stable or ``max_rounds`` is spent.
+
+**Compact classes** (:func:`class_table`): ``busy`` = one threshold per model and per "is another model
+busy" (running, after the epoch's completions): ``launch_j = idle_j and k_j >= B[j][busy]``, no empty
+batches.  It is evaluated exactly through the same table mechanism and searched by steepest ascent over
+``+-1`` moves from ``(B*, B*)`` (a heuristic; its value is exact, its optimality within the class is not
+proven).
+
+Supported: M >= 2 (``2^free`` options per configuration, so M = 2-3 in practice), constant and
+batch-dependent latencies, caps and co-running (the process applies the launch law, as bound 4 does).
+The only limit is the size of the process (``max_states``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tr_core.spec import SystemSpec
+
+CLASSES = ("busy",)
+
+
+class PolicyTooLarge(RuntimeError):
+    """The decision process exceeds its state budget (a resource limit, exit code 3 on the command line)."""
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    """A launch policy: ``states`` (n, M, 3) pre-decision configurations (k, b, r per model) and
+    ``launch`` (n, M) booleans (idle model j launches; with k_j = 0, an empty batch)."""
+
+    N: int
+    states: np.ndarray = field(repr=False)
+    launch: np.ndarray = field(repr=False)
+
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+    def to_json(self) -> dict:
+        """``{"schema_version": 1, "N": .., "entries": [{"k": [...], "b": [...], "r_quanta": [...],
+        "launch": [...]}, ...]}`` (only configurations with an idle model carry a decision)."""
+        idle = (self.states[:, :, 2] == 0).any(axis=1)
+        rows = [{"k": [int(x) for x in s[:, 0]], "b": [int(x) for x in s[:, 1]],
+                 "r_quanta": [int(x) for x in s[:, 2]], "launch": [bool(x) for x in lm]}
+                for s, lm in zip(self.states[idle], self.launch[idle])]
+        return {"schema_version": 1, "N": self.N, "entries": rows}
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """The optimal policy at N, its exact throughput and the all-policy bound with the proven gap."""
+
+    N: int
+    throughput_tok_s: float            # exact chain under the table
+    throughput_error_bound: float      # relative, proven (dtmc)
+    upper_bound_tok_s: float           # all-policy bound: no launch policy exceeds it
+    lower_bound_tok_s: float           # min_s D(h): the process optimum is at least this
+    gap: float                         # (upper - throughput (1 - error)) / upper, proven
+    table: PolicyTable
+    process_states: int
+    chain_states: int
+    sweeps: int
+    rounds: int                        # policy-iteration rounds after the value iteration
+    empty_batches: bool                # the policy starts empty batches in some reachable configuration
+    seconds: float
+
+
+@dataclass
+class Process:
+    """The built all-policy decision process (arrays of :func:`optimizer._kernels.policy_mdp_build`)."""
+
+    spec: SystemSpec
+    N: int
+    d: np.ndarray
+    dco: np.ndarray | None
+    caps: np.ndarray
+    n: int
+    keys: np.ndarray
+    tau: np.ndarray
+    g: np.ndarray
+    out_ptr: np.ndarray
+    out_prob: np.ndarray
+    opt_ptr: np.ndarray
+    opt_idx: np.ndarray
+    ukey: np.ndarray
+    init_key: int
+    init_opts: np.ndarray
+    bn: int
+    br: int
+
+    @property
+    def M(self) -> int:
+        return self.spec.M
+
+
+def build_process(spec: SystemSpec, N: int, *, round_to_grid: bool = False, max_states: int = 2_000_000,
+                  max_entries: int = 60_000_000) -> Process:
+    """Enumerate the all-policy decision process at N (every idle model may launch, wait or start an empty
+    batch at every epoch; co-running launch law when the spec has it)."""
+    from optimizer import _kernels as K
+    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+
+    N = int(N)
+    M = spec.M
+    d = np.ascontiguousarray(_quanta(spec, N, round_to_grid), dtype=np.int64)
+    dco = _corun_quanta(spec, N, round_to_grid)
+    corun = dco is not None
+    dco_a = d if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
+    caps = spec.caps(N).astype(np.int64)
+    P = np.ascontiguousarray(spec.P)
+    cbar = (spec.C * P).sum(axis=1)
+    bn = max(1, N.bit_length())
+    br = max(1, int(max(d.max(), dco_a.max())).bit_length())
+    if M * (2 * bn + br) > 62:
+        raise PolicyTooLarge(f"a state of M = {M} models at N = {N} needs {M * (2 * bn + br)} bits (62 fit); "
+                             f"use a coarser --delta-ms")
+    offsets, parts, prob = _outcomes(N, M, P)
+    lo = np.zeros(M, dtype=np.int64)
+    hi = np.full(M, N + 1, dtype=np.int64)
+    res = K.policy_mdp_build(N, lo, hi, caps, d, dco_a, corun, cbar, offsets, parts, prob, bn, br,
+                             int(max_states), int(max_entries), True)
+    st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init = res
+    if st == K.TOO_LARGE:
+        raise PolicyTooLarge(f"the all-policy decision process at N = {N} has more than {max_states:,} states "
+                             f"or {max_entries:,} option entries")
+    if st != K.OK:
+        raise RuntimeError("the all-policy decision process reached a configuration with no option (internal)")
+    nu = int(out_ptr[n])
+    return Process(spec, N, d, None if dco is None else dco_a, caps, int(n), keys[:n].copy(),
+                   tau[:n].astype(np.float64), g[:n].copy(), out_ptr[:n + 1].copy(), out_prob[:nu].copy(),
+                   opt_ptr[:nu + 1].copy(), opt_idx[:int(opt_ptr[nu])].copy(), ukey[:nu].copy(), int(key0),
+                   init.copy(), bn, br)
+
+
+def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200_000, omega: float = 0.7,
+                    h: np.ndarray | None = None) -> tuple[np.ndarray, float, float, int]:
+    """Relative value iteration until the certificate bracket is within ``rtol``: ``(h, lower, upper, sweeps)``
+    in tokens per quantum (``upper`` is proven for every policy, ``lower`` for the process optimum)."""
+    from optimizer import _kernels as K
+
+    n = proc.n
+    per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
+    terms = int(per_state.max()) + 8 if n else 8
+    h = np.zeros(n) if h is None else np.array(h, dtype=np.float64)
+    lam = float(np.sum(proc.g) / np.sum(proc.tau))
+    lo_b, hi_b = -math.inf, math.inf
+    sweeps, step = 0, 8
+    while True:
+        K.mdp_sweeps(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h, lam, step,
+                     float(omega))
+        sweeps += step
+        a, b, mag = K.mdp_bracket(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h)
+        err = mag * 4 * terms * np.finfo(np.float64).eps
+        lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)
+        lam = 0.5 * (lo_b + hi_b)
+        if hi_b - lo_b <= rtol * abs(hi_b) or sweeps >= max_sweeps:
+            return h, lo_b, hi_b, sweeps
+        step = min(2 * step, 64)
+
+
+def _choice_states(proc: Process, choice: np.ndarray, init_choice: int) -> np.ndarray:
+    """Per outcome, the post-decision state its chosen option leads to."""
+    return proc.opt_idx[proc.opt_ptr[:-1] + choice]
+
+
+def policy_matrix(proc: Process, choice: np.ndarray):
+    """The process's transition matrix under ``choice`` (option offset per outcome), over all its states."""
+    import scipy.sparse as sp
+
+    rows = np.repeat(np.arange(proc.n), np.diff(proc.out_ptr))
+    cols = _choice_states(proc, choice, 0)
+    return sp.csr_matrix((proc.out_prob, (rows, cols)), shape=(proc.n, proc.n))
+
+
+def greedy(proc: Process, h: np.ndarray) -> tuple[np.ndarray, int]:
+    """The greedy choice of ``h`` per outcome and at the initial configuration (ties to the first option)."""
+    from optimizer import _kernels as K
+
+    nu = proc.out_ptr[-1]
+    choice = K.greedy_choice(int(nu), proc.opt_ptr, proc.opt_idx, h, 0.0)
+    init = int(np.argmax(h[proc.init_opts]))
+    return choice, init
+
+
+def table_of(proc: Process, choice: np.ndarray, init_choice: int) -> PolicyTable:
+    """The policy table of a choice: one row per distinct pre-decision configuration."""
+    from optimizer import _kernels as K
+
+    M = proc.M
+    pre = np.concatenate([proc.ukey, [proc.init_key]])
+    post = np.concatenate([proc.keys[_choice_states(proc, choice, init_choice)],
+                           [proc.keys[proc.init_opts[init_choice]]]])
+    uk, first = np.unique(pre, return_index=True)
+    S = K.unpack_keys(uk, M, proc.bn, proc.br)
+    T = K.unpack_keys(post[first], M, proc.bn, proc.br)
+    launch = (S[:, :, 2] == 0) & (T[:, :, 2] > 0)
+    return PolicyTable(proc.N, S, launch)
+
+
+def evaluate_table(spec: SystemSpec, N: int, table: PolicyTable, *, round_to_grid: bool = False,
+                   solver: str = "auto", d=None, dco=None):
+    """The exact chain under a policy table (:func:`dtmc.solve_policy_chain`), a :class:`dtmc.ChainSolution`."""
+    from dtmc import solve_policy_chain
+    from optimizer.bounds import _corun_quanta, _quanta
+
+    if d is None:
+        d = _quanta(spec, N, round_to_grid)
+        dco = _corun_quanta(spec, N, round_to_grid)
+    return solve_policy_chain(spec.P, spec.C, d, int(N), table.states, table.launch, caps=spec.caps(int(N)),
+                              solver=solver, dco=dco)
+
+
+def optimal_policy(spec: SystemSpec, N: int, *, round_to_grid: bool = False, rtol: float = 1e-10,
+                   target_gap: float = 1e-6, max_rounds: int = 5, max_states: int = 2_000_000,
+                   proc: Process | None = None) -> PolicyResult:
+    """The optimal launch policy at N with its exact throughput and the proven gap to the all-policy bound."""
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
+
+    t0 = time.perf_counter()
+    if proc is None:
+        proc = build_process(spec, N, round_to_grid=round_to_grid, max_states=max_states)
+    h, lo_b, hi_b, sweeps = value_iteration(proc, rtol=rtol)
+    scale = 1000.0 / spec.delta_ms
+    rounds = 0
+    while True:
+        choice, init = greedy(proc, h)
+        table = table_of(proc, choice, init)
+        sol = evaluate_table(spec, N, table, d=proc.d, dco=proc.dco)
+        T = sol.throughput_per_quantum
+        low = T * (1.0 - sol.throughput_error_bound)
+        gap = (hi_b - low) / hi_b
+        if gap <= target_gap or rounds >= max_rounds:
+            break
+        # policy iteration: relative values of this policy over the whole process, then improve
+        rounds += 1
+        A = (sp.identity(proc.n, format="csr") - policy_matrix(proc, choice)).tolil()
+        ref = int(proc.init_opts[init])
+        A[:, ref] = 0.0
+        A[ref, ref] = 1.0
+        hp = spla.spsolve(A.tocsc(), proc.g - T * proc.tau)
+        if not np.all(np.isfinite(hp)):
+            break
+        h = hp
+        from optimizer import _kernels as K
+        per_state = proc.opt_ptr[proc.out_ptr[1:proc.n + 1]] - proc.opt_ptr[proc.out_ptr[:proc.n]]
+        a, b, mag = K.mdp_bracket(proc.n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g,
+                                  proc.tau, h)
+        err = mag * 4 * (int(per_state.max()) + 8) * np.finfo(np.float64).eps
+        hi_b = min(hi_b, b + err)
+    empty = _uses_empty(proc, table, choice, init)
+    return PolicyResult(N=int(N), throughput_tok_s=T * scale, throughput_error_bound=sol.throughput_error_bound,
+                        upper_bound_tok_s=hi_b * scale, lower_bound_tok_s=lo_b * scale, gap=max(0.0, gap),
+                        table=table, process_states=proc.n, chain_states=int(sol.states), sweeps=sweeps, rounds=rounds,
+                        empty_batches=empty, seconds=time.perf_counter() - t0)
+
+
+def reachable(proc: Process, choice: np.ndarray, init: int) -> np.ndarray:
+    """Boolean mask of the process states reachable under the choice from the initial configuration."""
+    from scipy.sparse.csgraph import breadth_first_order
+
+    T = policy_matrix(proc, choice)
+    order = breadth_first_order(T, int(proc.init_opts[init]), directed=True, return_predecessors=False)
+    mask = np.zeros(proc.n, dtype=bool)
+    mask[order] = True
+    return mask
+
+
+def reached_configs(proc: Process, choice: np.ndarray, init: int) -> np.ndarray:
+    """Packed pre-decision keys met under the choice (its reachable states' outcomes, and the initial one)."""
+    mask = reachable(proc, choice, init)
+    per = np.diff(proc.out_ptr)
+    u_mask = np.repeat(mask, per)
+    return np.unique(np.concatenate([proc.ukey[u_mask], [proc.init_key]]))
+
+
+def _uses_empty(proc: Process, table: PolicyTable, choice: np.ndarray, init: int) -> bool:
+    """Whether the policy starts an empty batch in a configuration it meets."""
+    keys = reached_configs(proc, choice, init)
+    packed = _packed(proc, table)
+    pos = np.searchsorted(packed, keys)
+    S, Lm = table.states[pos], table.launch[pos]
+    return bool(((S[:, :, 0] == 0) & Lm).any())
+
+
+def _packed(proc: Process, tab: PolicyTable) -> np.ndarray:
+    """The table's keys in the process's packing (rows of :func:`table_of` are sorted by them)."""
+    from dtmc import policy_keys
+
+    return policy_keys(tab.states, proc.N, (1 << proc.br) - 1)
+
+
+def monotonicity(table: PolicyTable, only=None) -> dict:
+    """Is the launch decision monotone (non-decreasing) in the model's own queue for every state of the others?
+
+    The system is closed, so a larger own queue ``k_j`` means fewer requests queued elsewhere.  For each
+    model j, the rows where j is idle are grouped by the others' running batches and residuals ``(b_i, r_i)``
+    and, for M >= 3, by the queues of all others but the first (which absorbs the change: its queue is
+    ``N - k_j - ...``); along a group ``k_j`` moves requests between j's queue and that first other's queue.
+    A group violates monotonicity when a launch at some ``k_j`` is followed by a wait at a larger ``k_j``.
+    ``only``: a boolean row mask (e.g. the configurations met under the policy).  Returns per model
+    ``{"groups": .., "violations": .., "example": None or ((k_j, launch), ...) of the first violating group}``.
+    """
+    S, Lm = table.states, table.launch
+    if only is not None:
+        S, Lm = S[only], Lm[only]
+    M = S.shape[1]
+    out = {}
+    for j in range(M):
+        idle = S[:, j, 2] == 0
+        Sj, Lj = S[idle], Lm[idle, j]
+        oth = [i for i in range(M) if i != j]
+        key = np.concatenate([Sj[:, oth, 1], Sj[:, oth, 2], Sj[:, oth[1:], 0]], axis=1)
+        groups: dict = {}
+        for row, kj, lj in zip(map(tuple, key), Sj[:, j, 0], Lj):
+            groups.setdefault(row, []).append((int(kj), bool(lj)))
+        bad, example = 0, None
+        for v in groups.values():
+            v.sort()
+            seen = False
+            for _k, lj in v:
+                if lj:
+                    seen = True
+                elif seen:
+                    bad += 1
+                    example = example or tuple(v)
+                    break
+        out[j] = {"groups": len(groups), "violations": bad, "example": example}
+    return out
+
+
+def class_table(proc: Process, cls: str, params) -> PolicyTable:
+    """The table of a compact policy class over every configuration of the process.
+
+    ``busy``: ``params[j] = (B_idle, B_busy)``; idle model j launches when ``k_j >= B_idle`` while no other
+    model runs (after the epoch's completions), ``k_j >= B_busy`` while one does; never an empty batch.
+    """
+    if cls not in CLASSES:
+        raise ValueError(f"unknown policy class {cls!r}; choose one of {', '.join(CLASSES)}")
+    from optimizer import _kernels as K
+
+    pre = np.unique(np.concatenate([proc.ukey, [proc.init_key]]))
+    S = K.unpack_keys(pre, proc.M, proc.bn, proc.br)
+    M = proc.M
+    Bp = np.asarray(params, dtype=np.int64).reshape(M, 2)
+    running = S[:, :, 2] > 0
+    launch = np.zeros((S.shape[0], M), dtype=bool)
+    for j in range(M):
+        other = np.delete(running, j, axis=1).any(axis=1)
+        thr = np.where(other, Bp[j, 1], Bp[j, 0])
+        launch[:, j] = (~running[:, j]) & (S[:, j, 0] >= np.maximum(thr, 1))
+    return PolicyTable(proc.N, S, launch)
+
+
+def threshold_table(proc: Process, B) -> PolicyTable:
+    """The table of a threshold vector (``busy`` with equal thresholds)."""
+    return class_table(proc, "busy", [(int(b), int(b)) for b in B])
+
+
+def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, max_evals: int = 400):
+    """Steepest ascent over ``+-1`` moves of a class's parameters from ``start``; ``(params, tok/s, evaluated)``.
+
+    A parameter set whose chain deadlocks is skipped.  A heuristic: the value is exact, the optimality in
+    the class is not proven."""
+    from dtmc import DTMCError
+
+    scale = 1000.0 / spec.delta_ms
+    cache: dict = {}
+
+    def val(p):
+        p = tuple(int(x) for x in p)
+        if p not in cache:
+            if min(p) < 1 or max(p) > N:
+                cache[p] = -math.inf
+            else:
+                try:
+                    cache[p] = evaluate_table(spec, N, class_table(proc, cls, p), d=proc.d,
+                                              dco=proc.dco).throughput_per_quantum * scale
+                except DTMCError:
+                    cache[p] = -math.inf
+        return cache[p]
+
+    cur = tuple(int(x) for x in start)
+    best = val(cur)
+    while len(cache) < max_evals:
+        nxt = None
+        for i in range(len(cur)):
+            for dlt in (-1, 1):
+                q = list(cur)
+                q[i] += dlt
+                v = val(q)
+                if v > best * (1 + 1e-12):
+                    best, nxt = v, tuple(q)
+        if nxt is None:
+            break
+        cur = nxt
+    return cur, best, len(cache)

@@ -1,0 +1,104 @@
+"""The chain under a launch-policy table, and the optimal launch policy (issue 27)."""
+
+import numpy as np
+import pytest
+
+from dtmc import DTMCError, solve_chain, solve_policy_chain, stationary_distribution
+from optimizer.policy import (PolicyTable, build_process, class_table, evaluate_table, greedy, monotonicity,
+                              optimal_policy, policy_matrix, reachable, threshold_table, value_iteration)
+from tr_core.spec import make_spec, preset
+
+
+def _r2r():
+    return preset("r2r", [6.0, 27.9], p=0.35)
+
+
+def _quanta(spec, N):
+    d, _ = spec.quanta_table(N)
+    dco = spec.corun_quanta_table(N)[0] if spec.has_corun else None
+    return d, dco
+
+
+SYSTEMS = [
+    ("r2r", _r2r(), 5, [(1, 1), (1, 3), (2, 2), (3, 1), (1, 5)]),
+    ("r2r-corun", _r2r().with_corun([2.8, 2.0]), 4, [(1, 1), (1, 3), (2, 3)]),
+    ("me3-caps", make_spec([0.3, 0.5, 0.7], [[0.5, 0.3, 0.2]] * 3, [[1, 1, 1]] * 3, delta_ms=0.1,
+                           max_batch_size=[2, 3, 4]), 3, [(1, 1, 1), (2, 1, 1), (1, 2, 2)]),
+]
+
+
+@pytest.mark.parametrize("name,spec,N,Bs", SYSTEMS, ids=[s[0] for s in SYSTEMS])
+def test_threshold_table_reproduces_the_threshold_chain(name, spec, N, Bs):
+    proc = build_process(spec, N)
+    d, dco = _quanta(spec, N)
+    for B in Bs:
+        ref = solve_chain(spec.P, spec.C, d, N, B, caps=spec.caps(N), dco=dco)
+        got = evaluate_table(spec, N, threshold_table(proc, B))
+        assert got.states == ref.states and got.transitions == ref.transitions
+        assert got.throughput_per_quantum == pytest.approx(ref.throughput_per_quantum, rel=1e-12, abs=0)
+
+
+def test_the_table_decides():
+    """Flipping one decision the threshold policy meets changes the chain; a missing row is refused."""
+    spec, N = _r2r(), 4
+    proc = build_process(spec, N)
+    tab = threshold_table(proc, (1, 3))
+    base = evaluate_table(spec, N, tab).throughput_per_quantum
+    # the configuration (k0 = 1 idle, model 1 idle with 3 waiting) launches model 1 under B = (1, 3)
+    S = tab.states
+    row = np.flatnonzero((S[:, 0, 0] == 1) & (S[:, 1, 0] == 3) & (S[:, :, 2] == 0).all(axis=1))
+    assert row.size == 1 and tab.launch[row[0], 1]
+    launch = tab.launch.copy()
+    launch[row[0], 1] = False
+    other = evaluate_table(spec, N, PolicyTable(N, S, launch)).throughput_per_quantum
+    assert abs(other - base) > 1e-6 * base
+    keep = np.ones(len(tab), dtype=bool)
+    keep[row[0]] = False
+    d, _ = _quanta(spec, N)
+    with pytest.raises(DTMCError, match="no valid decision"):
+        solve_policy_chain(spec.P, spec.C, d, N, S[keep], tab.launch[keep])
+    bad = tab.launch.copy()
+    bad[:, 0] = True            # launches model 0 while it runs
+    with pytest.raises(DTMCError, match="no valid decision"):
+        solve_policy_chain(spec.P, spec.C, d, N, S, bad)
+
+
+@pytest.mark.parametrize("name,spec,N", [("r2r", _r2r(), 4), ("r2r-corun", _r2r().with_corun([2.8, 2.0]), 4),
+                                         ("me3", preset("me", [0.3, 0.5, 0.7], weights=[0.5, 0.3, 0.2]), 3)])
+def test_optimal_policy_meets_the_bound(name, spec, N):
+    proc = build_process(spec, N)
+    r = optimal_policy(spec, N, proc=proc)
+    assert r.gap <= 1e-6
+    assert r.throughput_tok_s <= r.upper_bound_tok_s * (1 + 1e-9)
+    # no threshold vector beats it
+    d, dco = _quanta(spec, N)
+    from tr_core.feasibility import iter_feasible
+    best = max(solve_chain(spec.P, spec.C, d, N, B, caps=spec.caps(N), dco=dco).throughput_per_quantum
+               for B in iter_feasible(N, spec.M))
+    assert r.throughput_tok_s >= best * 1000 / spec.delta_ms * (1 - 1e-9)
+    # independent evaluation: the process's own matrix under the greedy choice, on its reachable states
+    h, _lo, _hi, _sw = value_iteration(proc, rtol=1e-10)
+    choice, init = greedy(proc, h)
+    mask = reachable(proc, choice, init)
+    T = policy_matrix(proc, choice)[mask][:, mask].tocsr()
+    pi = stationary_distribution(T, solver="gth").pi
+    thr = float(pi @ proc.g[mask] / (pi @ proc.tau[mask])) * 1000 / spec.delta_ms
+    assert thr == pytest.approx(r.throughput_tok_s, rel=1e-10)
+    assert r.chain_states == int(mask.sum())
+
+
+def test_busy_class_and_monotonicity():
+    spec, N = _r2r(), 4
+    proc = build_process(spec, N)
+    a = evaluate_table(spec, N, class_table(proc, "busy", [(1, 1), (3, 3)])).throughput_per_quantum
+    d, _ = _quanta(spec, N)
+    assert a == pytest.approx(solve_chain(spec.P, spec.C, d, N, (1, 3)).throughput_per_quantum, rel=1e-12)
+    b = evaluate_table(spec, N, class_table(proc, "busy", [(1, 2), (3, 3)])).throughput_per_quantum
+    assert b != pytest.approx(a, rel=1e-9)
+    # model 0 launches at k0 = 1 and waits at k0 = 2 (model 1 running the same batch, one request moved
+    # from its queue to model 0's): flagged; launching at both is monotone
+    S = np.array([[[1, 0, 0], [1, 1, 5]], [[2, 0, 0], [0, 1, 5]], [[2, 0, 0], [0, 1, 4]]])
+    flags = monotonicity(PolicyTable(3, S, np.array([[True, False], [False, False], [True, False]])))
+    assert flags[0]["groups"] == 2 and flags[0]["violations"] == 1 and flags[0]["example"] == ((1, True), (2, False))
+    flags = monotonicity(PolicyTable(3, S, np.array([[True, False], [True, False], [True, False]])))
+    assert flags[0]["violations"] == 0

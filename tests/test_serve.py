@@ -411,6 +411,25 @@ def test_predicted_file_must_cover_every_N(tmp_path):
                                             str(tmp_path / "bad.json"), *FAST]))
 
 
+def test_ctrl_c_stops_serve_bench_at_once():
+    _Stub.hits = 0
+    with _stub("hang") as url:   # every request hangs: only the interrupt can end the run early
+        proc = subprocess.Popen([sys.executable, "-m", "profiler.cli", "serve-bench", "--url", url, "--N", "3",
+                                 "--duration-s", "600", "--request-timeout-s", "600"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=ENV)
+        deadline = time.monotonic() + 60
+        while _Stub.hits < 3 and time.monotonic() < deadline:   # the clients' requests have arrived
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("serve-bench did not stop on Ctrl-C")
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv,code,msg", [
     (["--url", "ftp://x", "--N", "1"], 2, "--url"),
     (["--url", "http://127.0.0.1:9", "--N", "0"], 2, "--N"),
@@ -423,7 +442,7 @@ def test_serve_bench_flags(argv, code, msg):
     assert msg in _one_error(_bench(argv), code)
 
 
-def test_serve_bench_against_a_stub_counts_tokens_and_reads_llm_ratio():
+def test_serve_bench_against_a_stub_counts_tokens_and_reads_llm_ratio(tmp_path):
     with _stub("ok") as url:
         r = _bench(["--url", url, "--N", "2", "--duration-s", "1.5", "--warmup-s", "0.2", "--endpoint", "completions",
                     "--format", "json"])
@@ -433,6 +452,12 @@ def test_serve_bench_against_a_stub_counts_tokens_and_reads_llm_ratio():
     assert doc["schema_version"] == 1 and doc["time_scale"] == 1.0 and row["N"] == 2 and row["retries"] == 0
     assert row["llm_ratio"] == pytest.approx(0.25) and row["window_requests"] > 0
     assert row["tokens"] > 0 and math.isfinite(row["throughput_tok_s"])
+    with _stub("ok") as url:
+        out = tmp_path / "bench.csv"
+        r = _bench(["--url", url, "--N", "1", "--duration-s", "0.5", "--warmup-s", "0", "--out", str(out)])
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    head, first = out.read_text().splitlines()[:2]
+    assert head.startswith("N,requests,retries,measured_tok_s") and first.startswith("1,")
 
 
 def test_summary_integrates_prorated_tokens_exactly():

@@ -43,7 +43,8 @@ import numpy as np
 
 from tr_core.spec import SystemSpec
 
-CLASSES = ("busy",)
+CLASSES = ("busy", "residual")
+CLASS_PARAMS = {"busy": 2, "residual": 3}
 
 
 class PolicyTooLarge(RuntimeError):
@@ -356,10 +357,14 @@ def monotonicity(table: PolicyTable, only=None) -> dict:
 
 
 def class_table(proc: Process, cls: str, params) -> PolicyTable:
-    """The table of a compact policy class over every configuration of the process.
+    """The table of a compact policy class over every configuration of the process (never an empty batch).
 
     ``busy``: ``params[j] = (B_idle, B_busy)``; idle model j launches when ``k_j >= B_idle`` while no other
-    model runs (after the epoch's completions), ``k_j >= B_busy`` while one does; never an empty batch.
+    model runs (after the epoch's completions), ``k_j >= B_busy`` while one does.
+    ``residual``: ``params[j] = (B_idle, B_long, B_short)``: as ``busy``, with ``B_long`` while the earliest
+    of the others' running batches ends no sooner than j's step would (its duration under the launch law,
+    ``dco_j`` with co-running, for the batch it would take) and ``B_short`` while it ends sooner.
+    A threshold of N + 1 never launches.
     """
     if cls not in CLASSES:
         raise ValueError(f"unknown policy class {cls!r}; choose one of {', '.join(CLASSES)}")
@@ -368,12 +373,20 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
     pre = np.unique(np.concatenate([proc.ukey, [proc.init_key]]))
     S = K.unpack_keys(pre, proc.M, proc.bn, proc.br)
     M = proc.M
-    Bp = np.asarray(params, dtype=np.int64).reshape(M, 2)
+    Bp = np.asarray(params, dtype=np.int64).reshape(M, CLASS_PARAMS[cls])
     running = S[:, :, 2] > 0
     launch = np.zeros((S.shape[0], M), dtype=bool)
+    big = np.int64(1) << 40
+    dco = proc.d if proc.dco is None else proc.dco
     for j in range(M):
-        other = np.delete(running, j, axis=1).any(axis=1)
+        oth = [i for i in range(M) if i != j]
+        other = running[:, oth].any(axis=1)
         thr = np.where(other, Bp[j, 1], Bp[j, 0])
+        if cls == "residual":
+            rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
+            take = np.minimum(S[:, j, 0], int(proc.caps[j]))
+            own = dco[j, take]
+            thr = np.where(other & (rmin < own), Bp[j, 2], thr)
         launch[:, j] = (~running[:, j]) & (S[:, j, 0] >= np.maximum(thr, 1))
     return PolicyTable(proc.N, S, launch)
 
@@ -383,8 +396,14 @@ def threshold_table(proc: Process, B) -> PolicyTable:
     return class_table(proc, "busy", [(int(b), int(b)) for b in B])
 
 
+def class_start(cls: str, B) -> list[int]:
+    """A class's parameters equal to the threshold vector ``B`` (the search's start)."""
+    return [int(b) for b in B for _ in range(CLASS_PARAMS[cls])]
+
+
 def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, max_evals: int = 400):
-    """Steepest ascent over ``+-1`` moves of a class's parameters from ``start``; ``(params, tok/s, evaluated)``.
+    """Steepest ascent over ``+-1`` moves of a class's parameters from ``start`` (and jumps to 1 and to N + 1,
+    never); ``(params, tok/s, evaluated)``.
 
     A parameter set whose chain deadlocks is skipped.  A heuristic: the value is exact, the optimality in
     the class is not proven."""
@@ -396,7 +415,7 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
     def val(p):
         p = tuple(int(x) for x in p)
         if p not in cache:
-            if min(p) < 1 or max(p) > N:
+            if min(p) < 1 or max(p) > N + 1:
                 cache[p] = -math.inf
             else:
                 try:
@@ -411,9 +430,9 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
     while len(cache) < max_evals:
         nxt = None
         for i in range(len(cur)):
-            for dlt in (-1, 1):
+            for to in (cur[i] - 1, cur[i] + 1, 1, N + 1):
                 q = list(cur)
-                q[i] += dlt
+                q[i] = to
                 v = val(q)
                 if v > best * (1 + 1e-12):
                     best, nxt = v, tuple(q)

@@ -102,3 +102,17 @@ def test_busy_class_and_monotonicity():
     assert flags[0]["groups"] == 2 and flags[0]["violations"] == 1 and flags[0]["example"] == ((1, True), (2, False))
     flags = monotonicity(PolicyTable(3, S, np.array([[True, False], [True, False], [True, False]])))
     assert flags[0]["violations"] == 0
+
+
+def test_residual_class_reaches_the_optimum_at_small_n():
+    """R2R, N = 4: the SLM waits while the LLM's batch ends before its own step would; that one rule is the
+    optimal policy (equal throughput), and with B_short = B_long the class is the threshold chain."""
+    spec, N = _r2r(), 4
+    proc = build_process(spec, N)
+    d, _ = _quanta(spec, N)
+    same = evaluate_table(spec, N, class_table(proc, "residual", [(1, 1, 1), (3, 3, 3)])).throughput_per_quantum
+    assert same == pytest.approx(solve_chain(spec.P, spec.C, d, N, (1, 3)).throughput_per_quantum, rel=1e-12)
+    opt = optimal_policy(spec, N, proc=proc)
+    res = evaluate_table(spec, N, class_table(proc, "residual", [(1, 1, 2), (3, 3, 3)]))
+    assert res.throughput_per_quantum * 1e4 == pytest.approx(opt.throughput_tok_s, rel=1e-10)
+    assert res.throughput_per_quantum > same * (1 + 1e-3)

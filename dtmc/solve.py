@@ -19,7 +19,10 @@ error bound, below):
     back-substitution.  No subtraction, so every component has a small
     *relative* error however weakly the chain's parts are coupled; its
     rounding analysis gives an a-priori bound.  Skyline storage of the
-    symmetrised pattern, in breadth-first or reverse Cuthill-McKee order.
+    symmetrised pattern, in the cheapest of breadth-first, reversed
+    breadth-first and reverse Cuthill-McKee order (:func:`gth_plan`).  Where
+    the double elimination underflows (stiff chains), it is repeated in
+    extended-exponent arithmetic, which cannot.
 ``direct``
     scipy's sparse LU (``spsolve``) on :math:`(I - T)^\top \pi = 0` with one
     equation replaced by :math:`\sum \pi = 1`.  Slow on big chains, and
@@ -57,10 +60,14 @@ size of the coupling.  Hence the error bound, ``error_bound`` (on
   transitions differ by known factors :math:`1+\epsilon_e`; by the Markov
   chain tree theorem :math:`|\ln(\tilde\pi_j/\pi_j)| \le 2\sum_a \max_{e\ni a}
   -\ln(1-\epsilon_e)`.  Infinite when some :math:`\epsilon_e \ge 1`.
-* *GTH rounding analysis* (:func:`dtmc._kernels.gth_solve`), void when
-  intermediate values underflow.
+* *GTH rounding analysis* (:func:`dtmc._kernels.gth_solve`, or
+  :func:`dtmc._kernels.gth_solve_scaled` after an underflow).
 * *estimate* (bound_method ``estimate: ...``), only when GTH has neither:
-  ten times the l1 distance to a second, independent solve.
+  ten times the l1 distance to a second, independent solve.  Never
+  ``accuracy_ok``.
+
+A solve that does not converge raises :class:`SolveFailed` (a valid chain, not
+bad input: the tools exit with code 3 and say what to do).
 
 Rounding sets a floor under the attainable residual that grows with the chain
 (about 1e-13 relative at a million states).  An iteration that stalls there

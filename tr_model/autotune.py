@@ -68,7 +68,7 @@ from typing import Any, Callable, Mapping
 
 from tr_core.cli import is_interrupt
 from tr_core import search_rule as S_RULE
-from tr_core.errors import SpecError, StateSpaceTooLarge, TRError
+from tr_core.errors import SolverFailed, SpecError, StateSpaceTooLarge, TRError
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
                                  canonical_sha256, spec_sha256)
@@ -503,7 +503,8 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
     doc = snapshot()
     check_owner()
     if failure is not None and not entries:
-        raise SpecError(stopped) from None
+        # a solve that failed on a valid chain stays exit 3 (not bad input)
+        raise (SolverFailed if isinstance(failure, SolverFailed) else SpecError)(stopped) from None
     table = None
     try:
         write_thresholds(out, doc)

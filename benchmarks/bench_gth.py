@@ -4,13 +4,19 @@ Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/bench_gth.py orders [--repeat 3] [--big]   # BFS vs reversed BFS vs RCM per chain
     python benchmarks/bench_gth.py kernels [--repeat 5]          # double vs extended-exponent elimination
+    python benchmarks/bench_gth.py stiff                         # a sweep of stiff chains vs a 50-digit solve
 
 ``orders``: for each chain and each candidate order, the planner's work ceiling (``sum c_k^2``), the
 multiply-adds the elimination actually did, the median wall time of the elimination as ``dtmc.gth``
 runs it (double, then extended exponents when the double one underflows), which kernel ended it, the
 proven bound on the l1 error of pi and the ratio of each to breadth-first.  ``--big`` runs only
 R2R p = 0.999, N = 32, B = (1, 8) instead, whose breadth-first and RCM eliminations take minutes
-(run once: an order whose work ceiling exceeds 5e10 is always run once).  ``kernels``: the two kernels on the same order where the double one does not underflow.
+(an order whose work ceiling exceeds 5e10 is run once, and in doubles only: its extended re-run
+would take several times as long).  ``stiff``: R2R and R-Stitch with latency ratios 1:200 to 1:1000
+(and 1000:1) and p from 1e-5 to 1 - 1e-5, each against a 50-digit GTH (``tests/mp_reference.py``),
+with ``auto`` and ``gth``: how many raised, how many reported an estimate or no bound, how many were
+flagged, the largest true error and the largest bound of the accurate ones.  It uses only
+``tr_model.evaluate``, so it also runs against an older checkout (``PYTHONPATH=<old tree>``).  ``kernels``: the two kernels on the same order where the double one does not underflow.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ def _eliminate(A, lo, kernel):
     return kernel(ip, ix, A.data, lo)
 
 
-def _as_gth(A, lo):
-    """The elimination as dtmc.gth runs it: double, then extended when the double one underflows."""
+def _as_gth(A, lo, double_only=False):
+    """The elimination as dtmc.gth runs it: double, then extended when the double one underflows
+    (``double_only``: the double one alone, marked "double (underflow)" when it underflowed)."""
     r = _eliminate(A, lo, K.gth_solve)
+    if double_only and (r[0] != K.GTH_OK or r[4] > 0):
+        return r, "double (underflow)", r[3]
     if r[0] != K.GTH_OK or r[4] > 0:
         return _eliminate(A, lo, K.gth_solve_scaled), "extended", r[3]
     return r, "double", r[3]
@@ -77,10 +86,11 @@ def orders(repeat: int, big: bool) -> None:
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                (status, x, Lb, flops, _u, err), kern, flops_double = _as_gth(A, lo)
+                (status, x, Lb, flops, _u, err), kern, flops_double = _as_gth(A, lo, double_only=heavy)
                 ts.append(time.perf_counter() - t0)
             t = statistics.median(ts)
-            bound = float(np.expm1(Lb) + 2.0 * err.sum()) if status == K.GTH_OK else float("inf")
+            bound = (float(np.expm1(Lb) + 2.0 * err.sum()) if status == K.GTH_OK and np.isfinite(Lb)
+                     else float("inf"))
             if base is None:
                 base = (work, max(flops, 1), t)
             chosen = (order is None and plan[0] is None) or (order is not None and plan[0] is not None
@@ -118,12 +128,66 @@ def kernels(repeat: int) -> None:
     print(format_table(["chain", "states", "double ms", "extended ms", "ratio", "runs"], rows))
 
 
+def stiff() -> None:
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from mp_reference import mp_reference
+    cases = []
+    for L, delta in (((1.0, 200.0), 1.0), ((0.1, 100.0), 0.1), ((100.0, 0.1), 0.1), ((1.0, 1000.0), 1.0)):
+        for p in (1e-5, 0.5, 0.999, 0.99999):
+            for N, B in ((4, (1, 1)), (6, (1, 3)), (6, (3, 2)), (8, (1, 7))):
+                cases.append(("r2r", dict(p=p), L, delta, N, B))
+    for L, delta in (((1.0, 200.0), 1.0), ((0.1, 100.0), 0.1)):
+        for p, q in ((0.5, 1e-5), (1e-5, 0.5), (0.99999, 1e-5)):
+            for N, B in ((3, (1, 1)), (4, (2, 1)), (5, (1, 3))):
+                cases.append(("r-stitch", dict(p=p, q=q), L, delta, N, B))
+    rows = []
+    for solver in ("auto", "gth"):
+        stats = dict(chains=0, raised=0, estimate=0, flagged=0, below=0, max_err=0.0, max_bound=0.0, seconds=0.0)
+        examples = []
+        for name, kw, L, delta, N, B in cases:
+            spec = tr_model.preset(name, list(L), delta_ms=delta, **kw)
+            _ch, _x, _rec, ref = mp_reference(spec, N, B)
+            stats["chains"] += 1
+            t0 = time.perf_counter()
+            try:
+                ev = tr_model.evaluate(spec, N, B, solver=solver)
+            except Exception as e:  # noqa: BLE001 - counted: what the issue calls aborted
+                stats["raised"] += 1
+                examples.append(f"{name} {kw} L={L} N={N} B={B}: {type(e).__name__}")
+                continue
+            finally:
+                stats["seconds"] += time.perf_counter() - t0
+            err = abs(ev.throughput_tok_s - ref) / ref
+            bound = ev.throughput_error_bound
+            if ev.bound_method.startswith(("estimate", "none")):
+                stats["estimate"] += 1
+                examples.append(f"{name} {kw} L={L} N={N} B={B}: {ev.bound_method} {bound:.2g}, true {err:.1g}")
+            elif bound > 1e-6:
+                stats["flagged"] += 1
+            if err > bound:
+                stats["below"] += 1
+            stats["max_err"] = max(stats["max_err"], err)
+            if bound <= 1e-6:
+                stats["max_bound"] = max(stats["max_bound"], bound)
+        rows.append([solver, str(stats["chains"]), str(stats["raised"]), str(stats["estimate"]), str(stats["flagged"]),
+                     str(stats["below"]), f"{stats['max_err']:.1e}", f"{stats['max_bound']:.1e}",
+                     f"{stats['seconds']:.1f}"])
+        for line in examples[:6]:
+            print(f"  {solver}: {line}")
+    print(format_table(["solver", "chains", "raised", "estimate/none", "flagged (proven > 1e-6)", "bound < error",
+                        "max true error", "max bound <= 1e-6", "seconds"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["orders", "kernels"])
+    ap.add_argument("what", choices=["orders", "kernels", "stiff"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--big", action="store_true")
     a = ap.parse_args()
+    if a.what == "stiff":
+        return stiff()
     # compile once, outside the timings
     ch = _chain("r2r", dict(p=0.35), (6.0, 27.9), 0.1, 3, (1, 1))
     lo = K.gth_envelope(S._i64(ch.T.indptr), S._i64(ch.T.indices))

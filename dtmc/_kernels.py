@@ -939,8 +939,8 @@ def _x_add(am, ae, bm, be):
 def gth_solve_scaled(indptr, indices, data, lo):
     """:func:`gth_solve` in extended-exponent arithmetic (mantissa and integer exponent per entry).
 
-    The same elimination, order and storage (three times the bytes: mantissas and int32 exponents),
-    about 3-5x the time; used when the double elimination underflows (stiff chains: products of many
+    The same elimination, order and storage (1.5x the bytes: mantissas and int32 exponents),
+    1.1-2.7x the time; used when the double elimination underflows (stiff chains: products of many
     small probabilities leave the double range, an out-sum rounds to 0 and the plain kernel stops).
     Nothing underflows here, so its a-priori bound always holds.  The back-substitution carries a
     *relative* bound ``rel_k`` per component against the exact back-substitution ``y`` on the computed

@@ -1,6 +1,6 @@
 """Best fixed thresholds B*, the best 'busy' class, the optimal launch policy and the all-policy bound, side by side.
 
-    PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 12 16 24 32 [--corun-slowdown 2.8 1.05]
+    PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 12 16 24 32 [--corun-slowdown 2.8 1.05] [--algo me]
 
 R2R (p = 0.35, L = 6.0 / 27.9 ms, delta = 0.1 ms).  B*: the exact search (optimizer.optimize_thresholds,
 default search).  busy: one threshold per model and per "another model is busy", steepest ascent from
@@ -27,11 +27,14 @@ def main():
     ap.add_argument("--N", type=int, nargs="+", default=[4, 8, 12, 16])
     ap.add_argument("--corun-slowdown", type=float, nargs=2, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--algo", choices=("r2r", "me"), default="r2r",
+                    help="r2r: p = 0.35, L = 6.0 / 27.9 ms; me: w = (0.5, 0.3, 0.2), L = 6.0 / 15.0 / 27.9 ms")
     a = ap.parse_args()
-    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    spec = (preset("r2r", [6.0, 27.9], p=0.35) if a.algo == "r2r"
+            else preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2]))
     rnd = False
     if a.corun_slowdown:
-        spec = spec.with_corun(list(a.corun_slowdown))
+        spec = spec.with_corun(list(a.corun_slowdown) + [1.0] * (spec.M - len(a.corun_slowdown)))
         rnd = True
     rows = []
     print("| N | B* | B* tok/s | busy class (B_idle, B_busy) per model | busy tok/s | residual class (B_idle, B_long, B_short) per model | residual tok/s | optimum tok/s | bound tok/s "

@@ -24,6 +24,11 @@ SYSTEMS = [
     ("r2r-corun", _r2r().with_corun([2.8, 2.0]), 4, [(1, 1), (1, 3), (2, 3)]),
     ("me3-caps", make_spec([0.3, 0.5, 0.7], [[0.5, 0.3, 0.2]] * 3, [[1, 1, 1]] * 3, delta_ms=0.1,
                            max_batch_size=[2, 3, 4]), 3, [(1, 1, 1), (2, 1, 1), (1, 2, 2)]),
+    ("r2r-Lb-cap", make_spec([0.6, 2.0], [[0.65, 0.35], [1.0, 0.0]], [[1, 0], [1, 0]], delta_ms=0.1,
+                             latency_curves=[{"intercept_ms": 0.5, "per_request_ms": 0.1},
+                                             {"intercept_ms": 1.8, "per_request_ms": 0.2}],
+                             max_batch_size=[None, 3], corun_latency=[2.0, 1.5]), 5,
+     [(1, 1), (1, 3), (2, 2), (4, 2)]),
 ]
 
 
@@ -64,7 +69,8 @@ def test_the_table_decides():
 
 
 @pytest.mark.parametrize("name,spec,N", [("r2r", _r2r(), 4), ("r2r-corun", _r2r().with_corun([2.8, 2.0]), 4),
-                                         ("me3", preset("me", [0.3, 0.5, 0.7], weights=[0.5, 0.3, 0.2]), 3)])
+                                         ("me3", preset("me", [0.3, 0.5, 0.7], weights=[0.5, 0.3, 0.2]), 3),
+                                         ("r2r-Lb-cap", SYSTEMS[3][1], 4)])
 def test_optimal_policy_meets_the_bound(name, spec, N):
     proc = build_process(spec, N)
     r = optimal_policy(spec, N, proc=proc)

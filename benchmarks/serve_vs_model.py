@@ -107,8 +107,8 @@ def main() -> int:
     url = box[0].split(" on ")[-1].strip()
     t = sb.Target("http", "127.0.0.1", port, "", "chat", "tokenrouter", a.max_tokens)
     rows = []
-    header = ("| N | B*(N) | predicted tok/s | measured tok/s (95% CI) | ratio | step overshoot ms (0, 1) | predicted at "
-              "L + overshoot | ratio | inside CI | virtual clock (ratio) | server in-flight | load avg |")
+    header = ("| N | B*(N) | predicted tok/s | measured tok/s (95% CI) | ratio | step overshoot ms (0, 1) | "
+              "predicted at L + overshoot | ratio | inside CI | virtual clock (ratio) | server in-flight | load avg |")
     print(f"server {url}, time scale {a.time_scale:g}, max_tokens {a.max_tokens}, {a.warmup_s:g} s warm-up + "
           f"{a.duration_s:g} s window per N; {platform.node()}, {os.cpu_count()} CPUs", flush=True)
     print(header)

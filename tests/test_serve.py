@@ -260,6 +260,28 @@ def test_torch_executor_serves_real_token_ids(tmp_path):
         assert _get(url, "/health")[1]["executor"] == "torch"
 
 
+def test_the_thresholds_row_follows_the_requests_in_flight(tmp_path):
+    from tr_model.autotune import tune
+    th = tmp_path / "th.json"
+    table = tune(SPEC, 4, th)
+    assert table.lookup(4) != table.lookup(1)
+    with _server(["--thresholds", str(th), "--time-scale", "20", "--shutdown-timeout-s", "0"]) as (proc, url):
+        assert _get(url, "/health")[1]["thresholds"]["current"] == list(table.lookup(0))
+        def post_and_forget():   # the server is stopped (shutdown timeout 0) before the answer: a reset
+            with contextlib.suppress(OSError, ValueError):   # reset, or uvicorn's plain-text 500 on cancel
+                _post(url, "/v1/completions", {"prompt": "x", "max_tokens": 100}, 120)
+
+        for _ in range(4):   # four long requests in flight (about 30 s each)
+            threading.Thread(target=post_and_forget, daemon=True).start()
+        deadline = time.monotonic() + 30
+        doc = _get(url, "/health")[1]
+        while doc["in_flight"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            doc = _get(url, "/health")[1]
+        assert doc["in_flight"] == 4 and doc["thresholds"]["current"] == list(table.lookup(4))
+        assert doc["thresholds"]["source"] == f"file {th}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_graceful_shutdown_finishes_the_request_in_flight(sig):
     # time scale 20: a 40-token request takes about 40 * 15.8 ms * 20 = 13 s; the signal comes in the middle of it

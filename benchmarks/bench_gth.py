@@ -54,15 +54,16 @@ def _chain(preset, kw, L, delta, N, B):
     return dtmc.build_chain(spec.P, spec.C, d, N, B)
 
 
-def _eliminate(A, lo, kernel):
+def _eliminate(A, lo, kernel, *extra):
     ip, ix = S._i64(A.indptr), S._i64(A.indices)
-    return kernel(ip, ix, A.data, lo)
+    return kernel(ip, ix, A.data, lo, *extra)
 
 
 def _as_gth(A, lo, double_only=False):
     """The elimination as dtmc.gth runs it: double, then extended when the double one underflows
     (``double_only``: the double one alone, marked "double (underflow)" when it underflowed)."""
-    r = _eliminate(A, lo, K.gth_solve)
+    # (as dtmc does: the double elimination stops at its first underflow unless it alone is measured)
+    r = _eliminate(A, lo, K.gth_solve, not double_only)
     if double_only and (r[0] != K.GTH_OK or r[4] > 0):
         return r, "double (underflow)", r[3]
     if r[0] != K.GTH_OK or r[4] > 0:

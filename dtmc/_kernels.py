@@ -610,6 +610,7 @@ UNIT_ROUNDOFF = 2.0 ** -53
 SMALLEST_NORMAL = 2.2250738585072014e-308
 GTH_OK = 0
 GTH_REDUCIBLE = 1
+GTH_UNDERFLOW = 3    # gth_solve(..., stop_on_underflow=True) stopped at the first underflow
 
 
 @njit(cache=True)
@@ -680,7 +681,7 @@ def _active_remove(act, where, na, i):
 
 
 @njit(cache=True)
-def gth_solve(indptr, indices, data, lo):
+def gth_solve(indptr, indices, data, lo, stop_on_underflow=False):
     """Stationary vector of an irreducible chain by GTH state reduction (subtraction-free).
 
     ``indptr/indices/data``: CSR of the transition matrix in elimination order
@@ -707,7 +708,8 @@ def gth_solve(indptr, indices, data, lo):
     range keep a valid bound).  A subnormal term costs at most one more u
     when it lands in a normal sum; ``underflows`` counts reduced-chain
     entries that stayed below the smallest normal double, which voids
-    ``log_bound``.
+    ``log_bound``; with ``stop_on_underflow`` the elimination stops at the
+    step where the first one appears (status ``GTH_UNDERFLOW``).
     """
     n = indptr.shape[0] - 1
     off = np.zeros(n + 1, dtype=np.int64)
@@ -794,6 +796,9 @@ def gth_solve(indptr, indices, data, lo):
             flops += ns
         log_bound += npred * _gamma(ns + 3)
         sn[k] = ns
+        if stop_on_underflow and under > 0:
+            # the caller redoes it in extended exponents: no point in finishing
+            return GTH_UNDERFLOW, x, np.inf, flops, under, x
     # back-substitution, rebuilding the alive sets in reverse; err[k] bounds |x_k - y_k| absolutely, y the
     # exact back-substitution on the computed reduced chains (so components below the double range, whose
     # relative error is lost, still have a known absolute error)

@@ -395,7 +395,7 @@ def _gth_once(T, order):
     A = T if order is None else T[order][:, order].tocsr()
     lo = K.gth_envelope(_i64(A.indptr), _i64(A.indices))
     ip, ix = _i64(A.indptr), _i64(A.indices)
-    status, x, L, _flops, under, err = K.gth_solve(ip, ix, A.data, lo)
+    status, x, L, _flops, under, err = K.gth_solve(ip, ix, A.data, lo, True)
     scaled = status != K.GTH_OK or under > 0
     if scaled:
         status, x, L, _flops, under, err = K.gth_solve_scaled(ip, ix, A.data, lo)

@@ -122,3 +122,16 @@ def test_residual_class_reaches_the_optimum_at_small_n():
     res = evaluate_table(spec, N, class_table(proc, "residual", [(1, 1, 2), (3, 3, 3)]))
     assert res.throughput_per_quantum * 1e4 == pytest.approx(opt.throughput_tok_s, rel=1e-10)
     assert res.throughput_per_quantum > same * (1 + 1e-3)
+
+
+def test_policy_iteration_closes_a_loose_value_iteration():
+    """Value iteration stopped at a 20 % bracket leaves a greedy policy whose proven gap is large; the
+    policy-iteration rounds bring it to the optimum (the same throughput as the tight solve) with gap <= 1e-6."""
+    spec, N = _r2r(), 4
+    proc = build_process(spec, N)
+    tight = optimal_policy(spec, N, proc=proc)
+    loose = optimal_policy(spec, N, proc=proc, rtol=0.2)
+    assert loose.rounds >= 1 and loose.gap <= 1e-6
+    assert loose.throughput_tok_s == pytest.approx(tight.throughput_tok_s, rel=1e-10)
+    stuck = optimal_policy(spec, N, proc=proc, rtol=0.2, max_rounds=0)
+    assert stuck.rounds == 0 and stuck.gap > 1e-6

@@ -107,7 +107,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         if not isinstance(cache, ResultCache):
             cache = ResultCache(cache)
         key = evaluation_key(spec, N, Bt, solver, tol, max_states, round_to_grid)
-        hit = cache.get(key, Evaluation)
+        hit = cache.get(key, Evaluation, expect=(int(N), Bt))
         if hit is not None:
             return hit
     t0 = time.perf_counter()

@@ -201,20 +201,30 @@ def _run_dir(base: str, kind: str) -> str:
     while os.path.exists(path):
         k += 1
         path = os.path.join(base, f"{stamp}-{kind}-{k}")
+    made = []  # the folders this call creates, innermost last: a failed run removes them again if empty
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        made.insert(0, parent)
+        parent = os.path.dirname(parent)
     try:
         os.makedirs(path)
     except OSError as e:
         raise SpecError(f"cannot create run folder {path!r}: {e.strerror}") from None
+    _CREATED[path] = made
     return path
+
+
+_CREATED: dict = {}
 
 
 def _drop_if_empty(path: str | None) -> None:
     """A failed run leaves no empty run folder behind (what it did write stays, for the post-mortem)."""
     if path:
-        try:
-            os.rmdir(path)  # only succeeds when empty
-        except OSError:
-            pass
+        for folder in [path] + _CREATED.pop(path, [])[::-1]:
+            try:
+                os.rmdir(folder)  # only succeeds when empty
+            except OSError:
+                break
 
 
 def _check_int(value: int, flag: str, lo: int) -> None:
@@ -507,8 +517,10 @@ def cmd_route_run(a: argparse.Namespace) -> int:
         raise SpecError("route-run needs at least two --model (a model folder or a config.json each)")
     if not a.prompts:
         raise SpecError("--prompts is required")
-    if not os.path.exists(a.prompts):
-        raise SpecError(f"--prompts {a.prompts!r} does not exist")
+    if not a.policy:
+        raise SpecError("--policy is required to run a routing policy")
+    from tr_core.fileio import require_regular_file
+    require_regular_file(a.prompts, "--prompts file")
     if a.trace_out:
         check_out_path(a.trace_out, "--trace-out")
     if a.out:

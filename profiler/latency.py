@@ -348,6 +348,8 @@ def load_latency_profile(path: str | os.PathLike) -> LatencyProfile:
     path = os.fspath(path)
     try:
         d = read_json(path, "latency profile", error=ProfileError)
+    except ProfileError:
+        raise  # already one line naming the file
     except RecursionError:
         raise ProfileError(f"latency profile {path!r} is nested too deeply to be a profile") from None
     except ValueError as e:  # numbers too long to convert, and other decoder limits

@@ -153,6 +153,8 @@ def profile_roofline(prof: Any, *, bandwidth_gbs: float | None = None, config_pa
             if os.path.isdir(cfg):
                 cfg = os.path.join(cfg, "config.json")
             try:
+                if not os.path.isfile(cfg):  # a FIFO or device would block: only a regular file is read
+                    raise OSError(f"{cfg!r} is not a regular file")
                 with open(cfg, "r", encoding="utf-8") as f:
                     d = json.load(f)
             except (OSError, ValueError, RecursionError):

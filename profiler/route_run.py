@@ -65,6 +65,8 @@ def shared_vocab_size(models: Sequence[Any], allow_mismatch: bool = False) -> in
 
 def load_prompts(path: str, tokenizer_path: str | None, vocab: int) -> list[list[int]]:
     """Prompts from JSONL: ``{"input_ids": [...]}``, ``{"text": "..."}``, a bare id list or a bare string."""
+    from tr_core.fileio import require_regular_file
+    require_regular_file(path, "prompts file", error=ProfileError)
     try:
         with open(path, "r", encoding="utf-8") as f:
             lines = f.readlines()
@@ -121,6 +123,18 @@ def load_prompts(path: str, tokenizer_path: str | None, vocab: int) -> list[list
     return out
 
 
+def _check_positions(models: Sequence[Any], prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """Refuse, before any work, a generation that runs past a model's positions (it would fail, or silently
+    extrapolate, after minutes of generating)."""
+    longest = max((len(p) for p in prompts), default=0)
+    for k, m in enumerate(models):
+        limit = getattr(_text_config(getattr(m, "config", None)), "max_position_embeddings", None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 and longest + max_new_tokens > limit:
+            raise ProfileError(f"--max-new-tokens {max_new_tokens}: the longest prompt ({longest} tokens) plus "
+                               f"the new tokens need {longest + max_new_tokens:,} positions, more than model {k}'s "
+                               f"max_position_embeddings = {limit:,}; use --max-new-tokens <= {max(limit - longest, 0)}")
+
+
 def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], *, policy: str,
                        tau: float | None = None, weights: Sequence[float] | None = None,
                        max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
@@ -150,6 +164,7 @@ def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], 
     if temperature < 0:
         raise ProfileError(f"--temperature must be >= 0, got {temperature}")
     V = shared_vocab_size(models, common_vocab)
+    _check_positions(models, prompts, max_new_tokens)
     torch, transformers = _torch()
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rng = np.random.default_rng(seed)

@@ -210,6 +210,32 @@ def synthetic_params(args, models: Sequence[str] | None = None) -> SyntheticPara
                            n_tasks=args.tasks, seed=args.seed)
 
 
+LOOP_OPTIONS = ("session_length", "tool_tokens", "output_tokens", "gap", "summary_tokens", "context_window")
+SYNTHETIC_OPTIONS = ("sessions", "switch_prob", "synthetic_models", "first_input", "step_input", "tasks")
+
+
+def _refuse_dropped(args, matrix: bool, synthetic: bool, preset: str | None) -> None:
+    """Builder options the chosen workload source would ignore are refused, naming the flag typed."""
+    from tr_core.cli import given
+
+    def refuse(dests, reason):
+        for d in dests:
+            if given(args, d):
+                raise ShadowError(f"{given(args, d)} {reason}")
+
+    if preset:
+        refuse(LOOP_OPTIONS + ("switch_prob", "first_input", "step_input", "tasks"),
+               f"has no effect with --workload {preset}: the preset sets it (only --sessions, --seed and "
+               f"--synthetic-models apply)")
+    if not (synthetic or preset):
+        refuse(SYNTHETIC_OPTIONS, "applies to --synthetic or --workload only")
+    if not (matrix or synthetic):
+        refuse(LOOP_OPTIONS, "applies to the agent-loop builder (--matrix or --synthetic), not to "
+               + ("--workload" if preset else "--trace (a trace holds its sessions)"))
+    if not matrix:
+        refuse(("respect_tasks",), "applies to --matrix only")
+
+
 def _as_list(x) -> list:
     return [] if x is None else (list(x) if isinstance(x, list) else [x])
 
@@ -231,6 +257,7 @@ def workload_from_args(args) -> list[tuple[SessionSet, dict | None, dict | None]
         raise ShadowError("--pair applies to --matrix only (a trace or synthetic workload names its own models)")
     if args.tokenizer and not matrices:
         raise ShadowError("--tokenizer applies to --matrix only")
+    _refuse_dropped(args, bool(matrices), bool(args.synthetic), preset)
     prices = load_prices(args.prices) if args.prices else None
     out: list[tuple[SessionSet, dict | None, dict | None]] = []
     loop = loop_params(args) if (matrices or (args.synthetic and not preset)) else None

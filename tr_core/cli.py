@@ -19,6 +19,7 @@ import bisect
 import csv
 import io
 import os
+import signal
 import stat
 import sys
 import time
@@ -30,6 +31,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_RESOURCE = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 FORMATS = ("table", "json", "csv")
 
@@ -56,13 +58,90 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
     def parse_known_args(self, args=None, namespace=None):
-        ns, extras = super().parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = super().parse_known_args(argv, namespace)
+        # which flags the user typed (a sub-command's were recorded by its own parser and copied here)
+        typed = dict(getattr(ns, TYPED_ATTR, None) or {})
+        for dest, name in self._typed_flags(argv).items():
+            typed.setdefault(dest, name)
+        setattr(ns, TYPED_ATTR, typed)
         # a required flag that has a deprecated alias is checked here: argparse would not count the alias
         missing = [flag for flag, dest in getattr(self, "_required_with_alias", ())
                    if getattr(ns, dest, None) is None]
         if missing:
             self.error(f"the following arguments are required: {', '.join(missing)}")
+        if getattr(ns, "_formats", None) is not None and getattr(ns, "out", None):
+            check_out_path(ns.out, flag_name(ns, "out", "--out"))  # --out is checked before any work, everywhere
         return ns, extras
+
+    def _typed_flags(self, argv) -> dict:
+        """dest -> the option string the user typed for it (an unambiguous abbreviation counts as the flag)."""
+        out: dict = {}
+        for tok in argv:
+            if tok == "--":
+                break
+            if not isinstance(tok, str) or not tok.startswith("-") or tok == "-":
+                continue
+            name = tok.split("=", 1)[0]
+            action = self._option_string_actions.get(name)
+            if action is None and self.allow_abbrev and name.startswith("--"):
+                hits = {s: a for s, a in self._option_string_actions.items() if s.startswith(name)}
+                if len({id(a) for a in hits.values()}) == 1:
+                    name, action = min(hits.items())
+            if action is not None and action.dest != argparse.SUPPRESS:
+                out.setdefault(action.dest, name)
+        return out
+
+
+TYPED_ATTR = "_typed_flags"
+
+
+def given(args, dest: str) -> str | None:
+    """The flag the user typed for ``dest`` (``"--jitter"``), or None when the value is the default.
+
+    Namespaces made by :class:`Parser` know; any other object (a test's ``SimpleNamespace``) says None.
+    """
+    return (getattr(args, TYPED_ATTR, None) or {}).get(dest)
+
+
+def flag_name(args, dest: str, default: str) -> str:
+    """The flag to name in a message about ``dest``: the one the user typed, else ``default``."""
+    return given(args, dest) or default
+
+
+def refuse_given(args, dests: Sequence[str], reason: str) -> None:
+    """Refuse (SpecError) the first of ``dests`` the user typed: its value would be silently dropped.
+
+    ``reason`` completes the sentence ``error: --jitter <reason>``, e.g. ``"applies to --method simulate
+    or auto, not exact"``.  Conflicting flags are refused, never silently dropped (docs/cli-convention.md).
+    """
+    for dest in dests:
+        flag = given(args, dest)
+        if flag:
+            raise SpecError(f"{flag} {reason}")
+
+
+def fields_as_flags(args, fields: dict):
+    """Context manager: a library error that starts with a field name (``max_gap must be in [0, 1)``) is
+    re-raised naming the flag the user typed for it (``--max-gap must be in [0, 1)``), same type.
+
+    ``fields`` maps a library field to the parser dest that carries it (``{"max_gap": "max_gap"}``).
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def _ctx():
+        try:
+            yield
+        except TRError as e:
+            msg = str(e)
+            for field_name, dest in fields.items():
+                if msg.startswith(field_name) and msg[len(field_name):len(field_name) + 1] in (" ", "[", ":", "="):
+                    flag = flag_name(args, dest, "--" + dest.replace("_", "-"))
+                    e.args = (flag + msg[len(field_name):],) + tuple(e.args[1:])
+                    break
+            raise
+    return _ctx()
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
@@ -101,41 +180,96 @@ def is_interrupt(exc: BaseException) -> bool:
     return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (temporary files removed, workers ended)."""
+
+
+def _on_sigterm(signum, frame):
+    if os.getpid() != _SIGTERM_OWNER[0]:  # a forked child: die as the signal would have made it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
+
+
+_SIGTERM_OWNER = [0]
+
+
+def _install_sigterm() -> Callable[[], None]:
+    """SIGTERM -> :class:`Terminated` in this process (main thread only); returns the restorer."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    try:
+        old = signal.getsignal(signal.SIGTERM)
+        if old not in (signal.SIG_DFL, None):  # an embedding program chose its own handling: keep it
+            return lambda: None
+        _SIGTERM_OWNER[0] = os.getpid()
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+def _memory_error(exc: BaseException) -> bool:
+    return any(isinstance(e, MemoryError) for e in _chain(exc))
+
+
 def run_cli(fn: Callable, argv=None) -> int:
-    """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted."""
+    """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted,
+    143 terminated (SIGTERM cleans up as Ctrl-C does)."""
+    restore = _install_sigterm()
+    try:
+        return _run_cli(fn, argv)
+    finally:
+        restore()
+
+
+def _run_cli(fn: Callable, argv=None) -> int:
     try:
         return int(fn(argv) or 0)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        _interrupted()
+    except KeyboardInterrupt as e:
+        _interrupted(e)
     except TRError as e:
         if is_interrupt(e):
-            _interrupted()
+            _interrupted(e)
         fail(_one_line(str(e)) or type(e).__name__, e.exit_code)
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
     except MemoryError:
-        fail("out of memory; ask for a smaller problem (fewer N, a coarser --delta-ms)", EXIT_RESOURCE)
+        _out_of_memory()
     except (ValueError, OSError) as e:
         if is_interrupt(e):
-            _interrupted()
+            _interrupted(e)
+        if _memory_error(e):
+            _out_of_memory()
         fail(_one_line(str(e)) or type(e).__name__, EXIT_BAD_INPUT)
     except BaseException as e:
         if is_interrupt(e):
-            _interrupted()
+            _interrupted(e)
+        if _memory_error(e):  # wrapped by a pool or a compiled kernel
+            _out_of_memory()
         raise
     return 0
 
 
-def _interrupted():
+def _out_of_memory():
+    fail("out of memory; ask for a smaller problem (fewer N, a coarser --delta-ms, a lower --max-states)",
+         EXIT_RESOURCE)
+
+
+def _interrupted(exc: BaseException | None = None):
     try:
         sys.stdout.flush()
     except Exception:  # stdout may be a closed pipe; the exit code says enough
         pass
-    sys.stderr.write(("\n" if Progress.line_open else "") + "error: interrupted\n")
-    raise SystemExit(EXIT_INTERRUPTED)
+    terminated = exc is not None and any(isinstance(e, Terminated) for e in _chain(exc))
+    sys.stderr.write(("\n" if Progress.line_open else "") + ("error: terminated\n" if terminated
+                                                             else "error: interrupted\n"))
+    raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 def _quiet_broken_pipe():

@@ -59,19 +59,30 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary
 MAX_JSON_BYTES = 256 * 2 ** 20
 
 
-def _check_readable(path: str, what: str, error: type[Exception]) -> None:
-    """Refuse what is not a regular file of sensible size before opening it (a device or pipe could block
-    or never end)."""
+def require_regular_file(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> os.stat_result:
+    """The one rule for every input file: it exists and is a regular file (a symlink to one is followed).
+
+    A FIFO, a device or a socket is refused before it is opened (opening or reading one can block forever
+    or never end); a folder is named as a folder.  Returns the file's ``stat``.
+    """
+    path = os.fspath(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise error(f"{what} {path!r} does not exist") from None
-    except OSError as e:
-        raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: an embedded NUL
+        raise error(f"cannot read {what} {path!r}: {getattr(e, 'strerror', None) or e}") from None
     if stat.S_ISDIR(st.st_mode):
         raise error(f"{what} {path!r} is a folder, not a file")
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {path!r} is not a regular file")
+        raise error(f"{what} {path!r} is not a regular file (a device, pipe or socket)")
+    return st
+
+
+def _check_readable(path: str, what: str, error: type[Exception]) -> None:
+    """Refuse what is not a regular file of sensible size before opening it (a device or pipe could block
+    or never end)."""
+    st = require_regular_file(path, what, error=error)
     if st.st_size > MAX_JSON_BYTES:
         raise error(f"{what} {path!r} is {st.st_size:,} bytes, more than {MAX_JSON_BYTES:,}; not a {what}")
 

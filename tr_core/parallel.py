@@ -46,16 +46,78 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
         import concurrent.futures as cf
         import multiprocessing as mp
         own = executor = cf.ProcessPoolExecutor(max_workers=min(workers, total), mp_context=mp.get_context("spawn"))
+    finished = False
     try:
         seq = range(total) if order is None else order
-        futs = {executor.submit(fn, payloads[k]): k for k in seq}
+        futs = {}
+        for k in seq:
+            with _workers_ignore_sigint(own is not None and _may_spawn(own)):
+                futs[executor.submit(fn, payloads[k])] = k
         done = 0
         for fut in as_completed(executor, list(futs)):
             out[futs[fut]] = fut.result()
             done += 1
             if progress:
                 progress(done, total)
+        finished = True
     finally:
         if own is not None:
-            own.shutdown(wait=True, cancel_futures=True)
+            if finished:
+                own.shutdown(wait=True, cancel_futures=True)
+            else:
+                _stop(own)
     return out
+
+
+def _may_spawn(executor) -> bool:
+    """A submit may start a worker process (the pool is not full yet)."""
+    procs = getattr(executor, "_processes", None)
+    limit = getattr(executor, "_max_workers", None)
+    return procs is None or limit is None or len(procs) < limit
+
+
+class _workers_ignore_sigint:
+    """Spawn pool workers with SIGINT ignored (an ignored signal survives exec; a handled one does not).
+
+    Ctrl-C on a terminal reaches the whole process group: a worker still importing the package would print
+    a KeyboardInterrupt traceback.  The parent alone reads the interrupt and stops the workers
+    (:func:`_stop`).  A Ctrl-C that lands in the spawn itself (milliseconds) is lost; only the main thread
+    can set a handler.
+    """
+
+    def __init__(self, active: bool):
+        import threading
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.old = None
+
+    def __enter__(self):
+        if self.active:
+            import signal
+            self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            import signal
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
+def _stop(executor) -> None:
+    """An interrupted or failed sweep: cancel what has not started, end the workers now (their results are
+    not wanted), without waiting for the running tasks to finish."""
+    procs = list((getattr(executor, "_processes", None) or {}).values())  # concurrent.futures keeps no public list
+    executor.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for proc in procs:
+        try:
+            proc.join(2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2)
+        except (OSError, ValueError, AttributeError, AssertionError):
+            pass

@@ -237,7 +237,11 @@ class Sequencer:
 # reader
 
 def open_trace(path: str):
-    """Open a trace for binary reading (``.gz`` transparently); errors name the file."""
+    """Open a trace for binary reading (``.gz`` transparently); errors name the file.
+
+    Only a regular file is opened (a FIFO or a device would block or never end)."""
+    from tr_core.fileio import require_regular_file
+    require_regular_file(path, "trace file", error=TraceError)
     try:
         if path.endswith(".gz"):
             f = gzip.open(path, "rb")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tr_core.cli import add_list_arg, deprecated_alias
+from tr_core.cli import add_list_arg, deprecated_alias, flag_name, refuse_given
 from tr_core.errors import SpecError
 from tr_core.spec import PRESETS, SystemSpec, load_spec, preset
 
@@ -88,16 +88,16 @@ def add_system_args(parser, *, title: str = "system (--spec, or a preset: --p/--
     return g
 
 
-def parse_delta(value) -> float | str | None:
-    """``--delta-ms``: None, ``'auto'`` or a finite number of ms > 0."""
+def parse_delta(value, flag: str = "--delta-ms") -> float | str | None:
+    """``--delta-ms``: None, ``'auto'`` or a finite number of ms > 0 (``flag``: the spelling the user typed)."""
     if value is None or value == "auto":
         return value
     try:
         delta = float(value)
     except (TypeError, ValueError):
-        raise SpecError(f"--delta-ms must be a number of ms or 'auto', got {value!r}") from None
+        raise SpecError(f"{flag} must be a number of ms or 'auto', got {value!r}") from None
     if not math.isfinite(delta) or delta <= 0:
-        raise SpecError(f"--delta-ms must be > 0 ms, got {value}")
+        raise SpecError(f"{flag} must be > 0 ms, got {value}")
     return delta
 
 
@@ -166,7 +166,8 @@ def _preset_from_args(a, curves, delta: float | None) -> SystemSpec:
         return preset(algo, L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if delta is None else delta)
     except SpecError as e:
         if str(e).startswith(("step_latency_ms", "delta_ms")):
-            raise _flag_error("--L" if str(e).startswith("step") else "--delta-ms", e) from None
+            raise _flag_error("--L" if str(e).startswith("step") else flag_name(a, "delta_ms", "--delta-ms"),
+                              e) from None
         raise
 
 
@@ -203,7 +204,9 @@ def build_system(a, N_max: int | None = None) -> System:
     ``N_max`` (the largest concurrency the command will use) is needed by ``--delta-ms auto`` only.
     ``--L-table`` is read once here.
     """
-    delta = parse_delta(getattr(a, "delta_ms", None))
+    delta = parse_delta(getattr(a, "delta_ms", None), flag_name(a, "delta_ms", "--delta-ms"))
+    if delta != "auto":
+        refuse_given(a, ["delta_rtol"], "applies to --delta-ms auto only (it bounds the rounding auto chooses)")
     L_table = getattr(a, "L_table", None)
     if a.spec:
         if a.L or a.p is not None or a.q is not None or a.weights or a.algo:

@@ -27,11 +27,39 @@ from optimizer.search import Optimum, optimize_sweep, optimize_thresholds
 __all__ = ["evaluate", "optimize", "optimize_many", "Evaluation", "Optimum"]
 
 
+def _default(fn, name: str):
+    import inspect
+    p = inspect.signature(fn).parameters.get(name)
+    return None if p is None or p.default is inspect.Parameter.empty else p.default
+
+
+# keyword -> the searches that use it (any other search would drop it silently: refused instead)
+_SEARCH_ONLY = {"max_gap": ("certified", "auto"), "time_budget_s": ("pruned", "certified", "auto"),
+                "candidates": ("exhaustive", "pruned", "certified", "auto"), "boxes": ("pruned", "certified", "auto"),
+                "policies": ("pruned", "certified", "local", "auto"), "policy_bound_n": ("pruned", "certified", "local", "auto")}
+
+
+def _refuse_conflicts(name: str, kwargs: dict, default_search) -> None:
+    """Keywords the call would silently drop are refused, naming the keyword (the CLI refuses its flags)."""
+    from tr_core.errors import SpecError
+    if default_search is not None:
+        search = kwargs.get("search", default_search)
+        for key, searches in _SEARCH_ONLY.items():
+            if key in kwargs and isinstance(search, str) and search not in searches:
+                raise SpecError(f"{name}(): {key} applies to search = {' or '.join(map(repr, searches))}, "
+                                f"not {search!r}; drop it or change search")
+    if kwargs.get("executor") is not None and kwargs.get("workers", 1) not in (None, 1):
+        raise SpecError(f"{name}(): give workers or executor, not both (the executor runs every evaluation)")
+
+
 def _public(target, name: str, summary: str):
     """``target`` under a public name: same signature (``__wrapped__``), a one-line summary first."""
 
+    default_search = _default(target, "search")
+
     @functools.wraps(target)
     def forward(*args, **kwargs):
+        _refuse_conflicts(name, kwargs, default_search)
         return target(*args, **kwargs)
 
     forward.__name__ = forward.__qualname__ = name

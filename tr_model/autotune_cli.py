@@ -25,12 +25,14 @@ import json
 import math
 import sys
 
-from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias, emit, format_gain, format_table,
-                         note, output_format, run_cli, to_csv)
+from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias, emit, fields_as_flags, flag_name,
+                         format_gain, format_table, note, output_format, run_cli, to_csv)
 from tr_core.errors import SpecError
 from tr_core.system_args import add_system_args, build_system
 
 SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export", "serve")
+MIN_EMULATED_STEP_S = 2e-4   # measure: a shorter emulated step is below what asyncio's timers resolve
+MAX_TIMER_NOISE = 0.05       # measure: warn when the timers' overshoot exceeds this fraction of a step
 
 
 def build_parser() -> Parser:
@@ -279,10 +281,16 @@ def _tune_options(a) -> dict:
     return kw
 
 
+# tune()'s keywords -> the dest of the flag that carries each
+TUNE_FIELDS = {"max_concurrency": "N", "time_budget_s": "time_budget_s", "cache_dir": "cache_dir", "solver": "solver",
+               "tol": "tol", "max_states": "max_states", "search": "search", "max_gap": "max_gap",
+               "max_evaluations": "max_evaluations", "out": "thresholds"}
+
+
 def _cmd_run(a) -> int:
     from tr_core.cli import check_out_path
     from tr_model import autotune
-    _positive_int(a.N, "--N")
+    _positive_int(a.N, flag_name(a, "N", "--N"))
     _positive_float(a.time_budget_s, "--time-budget-s", zero_ok=True)
     if a.background and a.time_budget_s is None:
         raise SpecError("--background needs --time-budget-s (otherwise everything is computed in the foreground)")
@@ -296,7 +304,9 @@ def _cmd_run(a) -> int:
     if not a.quiet:
         for line in system.notes():
             note(line)
-    table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid, **_tune_options(a))
+    with fields_as_flags(a, TUNE_FIELDS):  # a library error names its field: say the flag instead
+        table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
+                              **_tune_options(a))
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
@@ -307,8 +317,8 @@ def _cmd_run(a) -> int:
 
 def _cmd_show(a) -> int:
     from tr_model.thresholds import ThresholdTable
-    _positive_int(a.require_N, "--require-N")
-    _positive_int(a.N, "--N", lo=0)
+    _positive_int(a.require_N, flag_name(a, "require_N", "--require-N"))
+    _positive_int(a.N, flag_name(a, "N", "--N"), lo=0)
     fmt = output_format(a)
     table = ThresholdTable.load(a.file, require_concurrency=a.require_N)
     if a.N is None:
@@ -354,7 +364,7 @@ def _kv_plan_text(plan, doc: dict, fmt: str, N) -> str:
 
 def _cmd_kv_plan(a) -> int:
     from tr_model.kvplan import load_placement, plan_kv_cache, plan_to_dict
-    _positive_int(a.N, "--N")
+    _positive_int(a.N, flag_name(a, "N", "--N"))
     _positive_float(a.gpu_memory_gib, "--gpu-memory-gib")
     fmt = output_format(a)
     placement = load_placement(a.placement, gpu_memory_gib=a.gpu_memory_gib,
@@ -377,7 +387,7 @@ def _measure_thresholds(a, M: int):
 
 
 def _check_measure(a) -> None:
-    _positive_int(a.N, "--N")
+    _positive_int(a.N, flag_name(a, "N", "--N"))
     for flag, v in (("--time-scale", a.time_scale), ("--duration-s", a.duration_s)):
         _positive_float(v, flag)
     _positive_float(a.warmup_s, "--warmup-s", zero_ok=True)
@@ -391,9 +401,20 @@ def _cmd_measure(a) -> int:
     system = build_system(a, a.N)
     spec = system.spec
     B, thresholds = _measure_thresholds(a, spec.M)
+    shortest_s = min(spec.latency_ms(i, 1) for i in range(spec.M)) * a.time_scale / 1000.0
+    if shortest_s < MIN_EMULATED_STEP_S:
+        raise SpecError(f"--time-scale {a.time_scale:g} makes the shortest emulated step {shortest_s * 1e6:.3g} us, "
+                        f"below the {MIN_EMULATED_STEP_S * 1e6:g} us the event loop's timers can resolve: timer "
+                        f"noise would dominate the measurement; use --time-scale >= "
+                        f"{a.time_scale * MIN_EMULATED_STEP_S / shortest_s:.3g}")
     ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
     r = measure_closed_loop(spec, a.N, thresholds, ex, duration_s=a.duration_s, warmup_s=a.warmup_s,
                             max_output_tokens=a.output_tokens, seed=a.seed)
+    noise = r.relative_timer_noise
+    if noise is not None and noise > MAX_TIMER_NOISE:
+        print(f"warning: timer noise is {100 * noise:.1f}% of the mean emulated step (more than "
+              f"{100 * MAX_TIMER_NOISE:g}%): the measured numbers are dominated by the timers, not the batching; "
+              f"raise --time-scale", file=sys.stderr)
     doc = {"N": a.N, "B": list(B), "time_scale": a.time_scale, "model_seconds": r.window_s,
            "measured": {"throughput_tok_s": r.throughput_tok_s, "throughput_ci95_tok_s": r.throughput_ci95_tok_s,
                         "per_request_tok_s": r.per_request_tok_s, "admission_latency_ms": list(r.admission_latency_ms),

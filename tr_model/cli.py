@@ -200,6 +200,29 @@ def _check_numbers(a) -> None:
             raise SpecError("--plot draws a search over B; drop --B")
 
 
+def _refuse_dropped(a) -> None:
+    """Flags the chosen mode would ignore are refused, naming the flag typed (never silently dropped)."""
+    from tr_core.cli import refuse_given
+    if a.no_cache:
+        refuse_given(a, ["cache_dir"], "has no effect with --no-cache (give one of them)")
+    if a.B is not None:
+        refuse_given(a, ["search", "max_gap", "all", "workers", "dask", "sim_budget_s"],
+                     "applies to a search over B; --B evaluates one vector (drop one of them)")
+    else:
+        refuse_given(a, ["sim_steps"], "applies to --method simulate with --B (one vector); a search uses "
+                     "--sim-budget-s")
+    if a.method == "exact":
+        refuse_given(a, ["jitter", "seed", "sim_budget_s", "sim_steps"],
+                     "applies to the simulator (--method simulate or auto), not --method exact")
+    if a.method == "simulate":
+        refuse_given(a, ["solver", "tol", "max_states", "search", "max_gap", "workers", "dask"],
+                     "applies to the exact chain, not --method simulate")
+    if a.dask:
+        refuse_given(a, ["workers"], "has no effect with --dask (the scheduler's workers run the evaluations)")
+    if a.B is None and a.search in ("exhaustive", "pruned", "local"):
+        refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
+
+
 def _parse_workers(value: str, total: int) -> int:
     from tr_core.cli import default_workers
     if value == "auto":
@@ -233,6 +256,7 @@ def _grid_roundings(system: System, Ns: IntRanges, method: str) -> list[dict]:
 def validate(a) -> Plan:
     """Check every flag and build the plan; nothing is computed yet."""
     Ns = parse_int_list(a.N, "--N") if a.N else IntRanges((n, n) for n in DEFAULT_NS)
+    _refuse_dropped(a)
     _check_numbers(a)
     system = build_system(a, Ns.max)
     M = system.spec.M
@@ -251,7 +275,9 @@ def validate(a) -> Plan:
         from optimizer.cache import default_cache_dir
         kw["cache"] = a.cache_dir or default_cache_dir()
     sim = dict(seed=a.seed, jitter=a.jitter, trace=a.trace, budget_s=a.sim_budget_s, steps=a.sim_steps)
-    search = dict(search=a.search, max_gap=a.max_gap, max_evaluations=a.max_evaluations)
+    search = dict(search=a.search, max_evaluations=a.max_evaluations)
+    if a.search in ("certified", "auto"):  # the other searches take no gap (the API refuses one)
+        search["max_gap"] = a.max_gap
     return Plan(system=system, Ns=Ns, B=tuple(a.B) if a.B is not None else None, method=a.method,
                 search=search, workers=_parse_workers(a.workers, _exhaustive_count(M, Ns)), kw=kw, sim=sim,
                 roundings=_grid_roundings(system, Ns, a.method), all=a.all, check_delta=a.check_delta,

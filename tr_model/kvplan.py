@@ -74,7 +74,6 @@ def _short(x: Any) -> str:
 
 def _read_json_file(path: str, what: str) -> Any:
     """Parse a small JSON file; every failure is one SpecError line naming the file (no NaN, no 1e400)."""
-    import stat as _stat
 
     def bad_number(text):
         raise ValueError(f"{text} is not a finite JSON number")
@@ -85,14 +84,11 @@ def _read_json_file(path: str, what: str) -> Any:
             bad_number(text[:40])
         return x
 
+    from tr_core.fileio import require_regular_file
+    st = require_regular_file(path, what)
+    if st.st_size > MAX_JSON_BYTES:
+        raise SpecError(f"{what} {path!r} has {st.st_size} bytes, more than {MAX_JSON_BYTES} (not a {what}?)")
     try:
-        st = os.stat(path)
-        if _stat.S_ISDIR(st.st_mode):
-            raise SpecError(f"{what} {path!r} is a directory")
-        if not _stat.S_ISREG(st.st_mode):
-            raise SpecError(f"{what} {path!r} is not a regular file")
-        if st.st_size > MAX_JSON_BYTES:
-            raise SpecError(f"{what} {path!r} has {st.st_size} bytes, more than {MAX_JSON_BYTES} (not a {what}?)")
         with open(path, "rb") as f:
             data = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:

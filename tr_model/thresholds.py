@@ -53,6 +53,9 @@ Rules the reader enforces (each violation names the field):
   violates it can deadlock a closed system of N requests);
 * every number is a finite JSON number of the right type (no strings, no
   booleans, no NaN or infinity, nothing that overflows a double);
+* values that cannot occur are refused: a ``gap`` outside [0, 1], a ``fallback_thresholds`` other
+  than all ones (it applies at any N, N = 1 included), an exact row below its own eager throughput,
+  a ``num_models``, ``model_names`` or ``delta_ms`` that disagrees with the embedded ``spec``;
 * ``spec_sha256`` equals the SHA-256 of the canonical JSON of ``spec`` without
   its free-form ``provenance`` (see :func:`canonical_sha256`), so an edited or
   truncated spec is detected.
@@ -359,6 +362,9 @@ class ThresholdTable:
             return float(v)
 
         fallback = vector(doc["fallback_thresholds"], "'fallback_thresholds'", None)
+        if sum(b - 1 for b in fallback) >= 1:
+            raise fail(f"'fallback_thresholds' = {list(fallback)} is infeasible: the fallback applies at any N, "
+                       f"N = 1 included, where sum(B_i - 1) must be 0 (all ones, the eager vector)")
         entries = doc["entries"]
         if not isinstance(entries, list):
             raise fail(f"'entries' must be a list, got {_short(entries)}")
@@ -415,10 +421,18 @@ class ThresholdTable:
             if ver >= 2:
                 up = number(e, "upper_bound_tok_s", name, nullable=True)
                 gap = number(e, "gap", name, nullable=True)
+                if gap is not None and gap > 1:
+                    raise fail(f"{name}.gap must be in [0, 1] (a relative gap to an upper bound), got {gap:g}")
                 if cert in ("exhaustive", "pruned-exact") and gap is None:
                     gap = 0.0
                 if cert == "certified" and gap is None:
                     raise fail(f"{name} is certified but has no 'gap'")
+                if (cert in ("exhaustive", "pruned-exact") and e.get("eager_tok_s") is not None
+                        and e.get("predicted_tok_s") is not None
+                        and float(e["predicted_tok_s"]) < float(e["eager_tok_s"]) * (1 - 1e-9)):
+                    raise fail(f"{name}.predicted_tok_s = {float(e['predicted_tok_s']):g} is below eager_tok_s = "
+                               f"{float(e['eager_tok_s']):g}, impossible for an exact ({cert}) row: the eager "
+                               f"vector is one of the vectors searched")
                 if up is not None and "predicted_tok_s" in e and up < float(e["predicted_tok_s"]) * (1 - 1e-9):
                     raise fail(f"{name}.upper_bound_tok_s = {up:g} is below predicted_tok_s = "
                                f"{float(e['predicted_tok_s']):g}")
@@ -452,6 +466,7 @@ class ThresholdTable:
                 raise fail("'spec' holds a value JSON cannot represent (NaN or infinity)") from None
             if actual != digest:
                 raise fail("'spec_sha256' does not match the embedded 'spec' (edited or corrupt file)")
+            _check_spec_agrees(doc, M, fail)
         prov = doc.get("provenance", {})
         if not isinstance(prov, dict):
             raise fail(f"'provenance' must be an object, got {_short(prov)}")
@@ -465,6 +480,21 @@ class ThresholdTable:
                    source="file" if path is not None else "memory", path=path, provenance=prov,
                    certificates=tuple(certs) if ver >= 2 else (), gaps=tuple(gaps) if ver >= 2 else (),
                    schema_version=ver)
+
+
+def _check_spec_agrees(doc: Mapping[str, Any], M: int, fail) -> None:
+    """The file's own fields agree with its embedded spec: model count, model names, time quantum."""
+    spec = doc["spec"]
+    for key in ("step_latency_ms", "routing_matrix", "committed_tokens"):
+        v = spec.get(key)
+        if isinstance(v, list) and len(v) != M:
+            raise fail(f"'num_models' = {M} disagrees with the embedded spec, whose {key!r} has {len(v)} models")
+    names, spec_names = doc.get("model_names"), spec.get("model_names")
+    if isinstance(names, list) and isinstance(spec_names, list) and names != spec_names:
+        raise fail(f"'model_names' = {_short(names)} disagrees with the embedded spec's {_short(spec_names)}")
+    delta, spec_delta = doc.get("delta_ms"), spec.get("delta_ms")
+    if _is_num(delta) and _is_num(spec_delta) and not math.isclose(float(delta), float(spec_delta), rel_tol=1e-9):
+        raise fail(f"'delta_ms' = {delta:g} disagrees with the embedded spec's delta_ms = {spec_delta:g}")
 
 
 class WatchedThresholds:

@@ -64,7 +64,8 @@ def test_cache_concurrent_writers(tmp_path):
 def test_cli_workers_and_cache(run_tool, tmp_path):
     args = ["--p", "0.35", "--L", "6.0", "27.9", "--N", "3-5", "--format", "json", "--cache-dir", tmp_path]
     one = json.loads(run_tool("tr-optimize", *args, "--workers", "1").stdout)
-    two = json.loads(run_tool("tr-optimize", *args, "--workers", "2", "--no-cache").stdout)
+    two = json.loads(run_tool("tr-optimize", *args[:-2], "--workers", "2", "--no-cache").stdout)  # no --cache-dir:
+    # with --no-cache it would be dropped, so it is refused
     again = json.loads(run_tool("tr-optimize", *args, "--workers", "1").stdout)
     key = lambda d: [(r["N"], r["B"], r["throughput_tok_s"]) for r in d["results"]]  # noqa: E731
     assert key(one) == key(two) == key(again)

@@ -92,7 +92,7 @@ def test_wrong_types_and_values_name_the_field(tmp_path, path, value, needle):
     (json.dumps({**VALID, "arguments": {"a": "[" * 20 + "1" + "]" * 20}}).replace('"[', "[").replace(']"', "]"),
      "nested more than"),
     ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
-    (json.dumps(VALID).replace("65524246528", "9" * 5000), "not a valid profile"),
+    (json.dumps(VALID).replace("65524246528", "9" * 5000), "holds a number that cannot be read"),
     (json.dumps(VALID)[:100], "not valid JSON"),
     ('{"kind": "something"}', "not a latency profile"),
 ])

@@ -99,6 +99,22 @@ def _bits(x: int) -> int:
     return max(1, int(x).bit_length())
 
 
+KEY_BITS = 62  # a packed state key is an int64 with room to spare
+
+
+def key_bits(M: int, N: int, dmax: int) -> int:
+    """Bits a packed state key of ``M`` models needs at concurrency ``N`` with durations up to ``dmax`` quanta."""
+    return M * (2 * _bits(N) + _bits(dmax))
+
+
+def max_packed_n(M: int, dmax: int) -> int:
+    """The largest N whose states fit a packed key (0 when none does), for durations up to ``dmax`` quanta."""
+    per_model = KEY_BITS // M - _bits(dmax)
+    if per_model < 2:
+        return 0
+    return (1 << (per_model // 2)) - 1
+
+
 def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray, dco: np.ndarray | None = None) -> int:
     """A cheap upper bound on the number of reachable states (no allocation).
 
@@ -203,9 +219,10 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
         dmax = int(d.max())
     bn = _bits(N)
     br = _bits(dmax)
-    if M * (2 * bn + br) > 62:
+    if key_bits(M, N, dmax) > KEY_BITS:
         raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
-                        f"needs {M * (2 * bn + br)} bits, more than the 62 a packed key holds; use a coarser delta")
+                        f"needs {key_bits(M, N, dmax)} bits, more than the {KEY_BITS} a packed key holds; "
+                        f"use a coarser delta")
     cbar = (C * P).sum(axis=1)
 
     t0 = time.perf_counter()

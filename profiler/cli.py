@@ -23,8 +23,9 @@ from typing import Any, Sequence
 
 from tr_core.cli import (Parser, add_list_arg, add_output_args, add_version, check_out_path, deprecated_alias, emit,
                          format_table, note, output_format, parse_int_ranges, run_cli, to_csv)
-from tr_core.errors import SpecError
+from tr_core.errors import SpecError, WorkTooLarge
 
+MAX_PROFILED_STEPS = 1_000_000  # timed + warm-up steps of one tr-profile run
 MAX_BATCH_SIZES = 256
 
 
@@ -927,7 +928,24 @@ def main_impl(argv: Sequence[str] | None = None) -> int:
     for flag in ("context", "extend_tokens", "steps", "warmup_steps", "max_new_tokens"):
         if hasattr(a, flag):
             _check_int(getattr(a, flag), "--" + flag.replace("_", "-"), 1 if flag == "steps" else 0)
+    _check_step_count(a)
     return a.func(a)
+
+
+def _check_step_count(a) -> None:
+    """Refuse, before any work, a profile that would time more model steps than a run can sensibly take
+    (``--steps 1000000000`` would run for days), with the count."""
+    if not hasattr(a, "steps") or not hasattr(a, "batch_sizes"):
+        return
+    try:
+        n_sizes = len(parse_int_ranges(a.batch_sizes, "--batch-sizes", lo=1, hi=1 << 20))
+    except SpecError:
+        return  # reported, naming the flag, by the command itself
+    total = n_sizes * (a.steps + getattr(a, "warmup_steps", 0))
+    if total > MAX_PROFILED_STEPS:
+        raise WorkTooLarge(f"--steps {a.steps:,} over {n_sizes} batch size(s) would run {total:,} model steps (warm-up "
+                        f"included), more than {MAX_PROFILED_STEPS:,}: at even 10 ms a step that is "
+                        f"{total * 0.01 / 3600:,.1f} hours; lower --steps or --warmup-steps")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -169,6 +169,9 @@ def rank_candidates(spec, N: int, candidates: Sequence[Sequence[int]], *, steps:
     return Ranking(tuple(entries), cands[order[0]], tuple(ties), confidence, int(seed))
 
 
+MAX_SIMULATED_CANDIDATES = 1_000_000  # every candidate is simulated at least once in the first round
+
+
 def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
                            budget_s: float = 60.0, seed: int = 0, jitter: float = 0.0, trace: Any = None,
                            request_tokens: float | None = None, finalists: int = 4, min_steps: int = 20_000,
@@ -187,6 +190,14 @@ def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] 
         raise SpecError(f"budget_s must be > 0 seconds, got {budget_s!r}")
     if int(finalists) != finalists or finalists < 1:
         raise SpecError(f"finalists must be an integer >= 1, got {finalists!r}")
+    if candidates is None:
+        from tr_core.feasibility import count_feasible
+        count = count_feasible(N, M)
+        if count > MAX_SIMULATED_CANDIDATES:
+            from tr_core.errors import WorkTooLarge
+            raise WorkTooLarge(f"N = {N:,}: the simulator's search would simulate every one of the {count:,} "
+                               f"feasible threshold vectors at least once (more than {MAX_SIMULATED_CANDIDATES:,}); "
+                               f"lower N, or pass candidates")
     cands = feasible_thresholds(M, N) if candidates is None else [validate_thresholds(B, M, N) for B in candidates]
     if not cands:
         raise SpecError("candidates must hold at least one threshold vector")

@@ -130,7 +130,7 @@ def test_hostile_placement_files(tmp_path, content, match):
     p.write_bytes(content)
     with pytest.raises(SpecError, match=match):
         load_placement(p)
-    with pytest.raises(SpecError, match="is a directory"):
+    with pytest.raises(SpecError, match="is a folder"):
         load_placement(tmp_path)
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)

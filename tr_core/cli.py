@@ -54,15 +54,16 @@ class Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"error: {_one_line(message)}\n")
+        sys.stderr.write(f"error: {_as_typed(_one_line(message))}\n")
         raise SystemExit(EXIT_BAD_INPUT)
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
+        mine = self._typed_flags(argv)  # before parsing: an argparse error names the spelling typed too
         ns, extras = super().parse_known_args(argv, namespace)
         # which flags the user typed (a sub-command's were recorded by its own parser and copied here)
         typed = dict(getattr(ns, TYPED_ATTR, None) or {})
-        for dest, name in self._typed_flags(argv).items():
+        for dest, name in mine.items():
             typed.setdefault(dest, name)
         setattr(ns, TYPED_ATTR, typed)
         # a required flag that has a deprecated alias is checked here: argparse would not count the alias
@@ -90,10 +91,23 @@ class Parser(argparse.ArgumentParser):
                     name, action = min(hits.items())
             if action is not None and action.dest != argparse.SUPPRESS:
                 out.setdefault(action.dest, name)
+                current = getattr(action, "new_flag", None)
+                if current and current != name:
+                    _TYPED_SPELLINGS[current] = name
         return out
 
 
 TYPED_ATTR = "_typed_flags"
+# current flag -> the old spelling the user typed for it, in this run: error lines name what was typed
+_TYPED_SPELLINGS: dict = {}
+
+
+def _as_typed(message: str) -> str:
+    """``error: --delta-ms must be > 0`` becomes ``error: --delta must be > 0`` when ``--delta`` was typed."""
+    import re
+    for current, typed in _TYPED_SPELLINGS.items():
+        message = re.sub(re.escape(current) + r"(?![\w-])", typed, message)
+    return message
 
 
 def given(args, dest: str) -> str | None:
@@ -145,7 +159,7 @@ def fields_as_flags(args, fields: dict):
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
-    sys.stderr.write(f"error: {_one_line(message)}\n")
+    sys.stderr.write(f"error: {_as_typed(_one_line(message))}\n")
     raise SystemExit(code)
 
 
@@ -219,6 +233,7 @@ def run_cli(fn: Callable, argv=None) -> int:
     """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted,
     143 terminated (SIGTERM cleans up as Ctrl-C does)."""
     restore = _install_sigterm()
+    _TYPED_SPELLINGS.clear()
     try:
         return _run_cli(fn, argv)
     finally:
@@ -456,6 +471,8 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, con
         raise ValueError(f"deprecated_alias: {new} is not a flag of {parser.prog}")
 
     class _Alias(argparse.Action):
+        new_flag = new  # the current spelling: an error message naming it is rewritten to the one typed
+
         def __call__(self, p, namespace, values, option_string=None):
             note(f"{old} is deprecated; use {new}")
             if convert is not None:

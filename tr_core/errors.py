@@ -53,3 +53,9 @@ class SolverFailed(TRError):
     """
 
     exit_code = 3
+
+
+class WorkTooLarge(TRError):
+    """Work refused before it starts because its size (counted up front) exceeds a limit (exit code 3)."""
+
+    exit_code = 3

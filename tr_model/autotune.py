@@ -75,6 +75,7 @@ from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, T
 
 TOOL = "tr-autotune"
 SEARCHES = S_RULE.SEARCHES
+DEFAULT_MAX_GAP = S_RULE.DEFAULT_MAX_GAP  # certified rows: the relative gap at which a search stops
 WORKER_WRITE_INTERVAL_S = 0.2
 log = logging.getLogger("tr_model.autotune")
 
@@ -393,7 +394,7 @@ def _remove_worker_files(out: str, *, log_file: bool = False) -> None:
 def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time_budget_s: float | None = None,
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
-         search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP, max_evaluations: int | None = None,
+         search: str = "auto", max_gap: float | None = None, max_evaluations: int | None = None,
          time_budget_per_n_s: float | None = None, worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
@@ -415,9 +416,13 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
                                       or not math.isfinite(time_budget_s) or time_budget_s < 0):
         raise SpecError(f"time_budget_s must be >= 0 seconds, got {time_budget_s!r}")
+    if max_gap is not None and search not in ("certified", "auto"):
+        raise SpecError(f"max_gap applies to search = 'certified' or 'auto', not {search!r} (it would be dropped)")
+    from optimizer.evaluate import check_representable
+    check_representable(spec, max_concurrency, round_to_grid, name="max_concurrency")
     out = os.fspath(out)
-    opts = solver_options(solver, tol, max_states, round_to_grid, search, max_gap, max_evaluations,
-                          time_budget_per_n_s)
+    opts = solver_options(solver, tol, max_states, round_to_grid, search,
+                          DEFAULT_MAX_GAP if max_gap is None else max_gap, max_evaluations, time_budget_per_n_s)
     h = inputs_sha256(spec, max_concurrency, opts)
     cache_file = os.path.join(os.fspath(cache_dir), h + ".json") if cache_dir is not None else None
     if worker_lock is None:
@@ -647,7 +652,7 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
 def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, time_budget_s: float = 5.0,
                     cache_dir: str | os.PathLike | None = None, background: bool = True, *,
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
-                    round_to_grid: bool = False, search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP,
+                    round_to_grid: bool = False, search: str = "auto", max_gap: float | None = None,
                     max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> ThresholdTable:
     """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 
@@ -685,8 +690,11 @@ def _worker_main(job_path: str) -> int:
     code = 0
     try:
         spec = spec_from_dict(job["spec"])
+        options = dict(job["options"])
+        if options.get("search") not in ("certified", "auto"):
+            options.pop("max_gap", None)  # recorded for the inputs hash; these searches take no gap
         tune(spec, int(job["max_concurrency"]), job["out"], cache_dir=job.get("cache_dir"), worker_lock=lock,
-             worker_token=token, write_interval_s=WORKER_WRITE_INTERVAL_S, **job["options"])
+             worker_token=token, write_interval_s=WORKER_WRITE_INTERVAL_S, **options)
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         code = 130

@@ -26,7 +26,7 @@ import math
 import sys
 
 from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias, emit, fields_as_flags, flag_name,
-                         format_gain, format_table, note, output_format, run_cli, to_csv)
+                         format_gain, format_table, note, output_format, refuse_given, run_cli, to_csv)
 from tr_core.errors import SpecError
 from tr_core.system_args import add_system_args, build_system
 
@@ -297,6 +297,8 @@ def _cmd_run(a) -> int:
     _positive_int(a.max_states, "--max-states")
     _positive_int(a.max_evaluations, "--max-evaluations")
     _positive_float(a.tol, "--tol")
+    if (a.search or "auto") not in ("certified", "auto"):
+        refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
     check_out_path(a.thresholds, "--thresholds")
     system = build_system(a, a.N)
     for line in system.warnings():
@@ -386,11 +388,20 @@ def _measure_thresholds(a, M: int):
     return B, B
 
 
+MAX_MEASURE_S = 86_400.0  # measure: wall-clock seconds (warm-up + window) one run may take
+
+
 def _check_measure(a) -> None:
     _positive_int(a.N, flag_name(a, "N", "--N"))
     for flag, v in (("--time-scale", a.time_scale), ("--duration-s", a.duration_s)):
         _positive_float(v, flag)
     _positive_float(a.warmup_s, "--warmup-s", zero_ok=True)
+    total = a.duration_s + a.warmup_s
+    if total > MAX_MEASURE_S:
+        from tr_core.errors import WorkTooLarge
+        raise WorkTooLarge(f"--duration-s {a.duration_s:g} with --warmup-s {a.warmup_s:g} is {total / 3600:,.1f} hours "
+                           f"of wall-clock time, more than the {MAX_MEASURE_S / 3600:g} hours one measurement may "
+                           f"take; shorten them (a longer --time-scale is measured in the same wall-clock time)")
     _positive_int(a.output_tokens, "--output-tokens")
 
 

@@ -152,10 +152,12 @@ def _auto_spans(M: int, Ns: IntRanges) -> list[tuple[str, list[tuple[int, int]]]
 
 def _sweep_evaluations(M: int, Ns: IntRanges, B, method: str, search: str) -> int:
     """Chains (or simulations) a sweep is known to need before it starts: every feasible B where the search
-    is exhaustive (``auto`` included, for the N it searches exhaustively), at least one per N otherwise (the
-    bounded searches count their own as they go)."""
-    if B is not None or method == "simulate":
+    is exhaustive (``auto`` included, for the N it searches exhaustively; the simulator's search ranks every
+    feasible B), at least one per N otherwise (the bounded searches count their own as they go)."""
+    if B is not None:
         return len(Ns)
+    if method == "simulate":  # the simulator's search ranks every feasible B at least once
+        return _exhaustive_count(M, Ns)
     if search == "exhaustive":
         return _exhaustive_count(M, Ns)
     if search == "auto":
@@ -266,6 +268,9 @@ def validate(a) -> Plan:
     from tr_core.feasibility import check_count
     total = _sweep_evaluations(M, Ns, a.B, a.method, a.search)
     check_count(total, a.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
+    if a.method == "exact":
+        from optimizer.evaluate import check_representable
+        check_representable(system.spec, Ns.max, system.round_to_grid, name="--N")
     max_states = a.max_states
     if max_states is None:
         import dtmc

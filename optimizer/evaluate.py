@@ -84,16 +84,17 @@ def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:
 
 
 def check_representable(spec: SystemSpec, N: int, round_to_grid: bool = False, name: str = "N") -> None:
-    """Refuse, before any work, a concurrency whose chain states cannot be represented (packed keys of
-    ``dtmc.KEY_BITS`` bits): a sweep or table up to such an N would work for hours and then fail."""
+    """Refuse (exit code 3), before any work, a concurrency whose chain states cannot be represented (packed
+    keys of ``dtmc.KEY_BITS`` bits): a sweep or table up to such an N would work for hours and then fail."""
     d, _ = spec.quanta_table(int(N), round_to_grid=round_to_grid)
     dmax = int(d.max())
     need = dtmc.key_bits(spec.M, int(N), dmax)
     if need > dtmc.KEY_BITS:
         top = dtmc.max_packed_n(spec.M, dmax)
-        raise SpecError(f"{name} = {int(N):,} is beyond what the exact chain can hold: a state of this system "
-                        f"needs {need} bits, more than {dtmc.KEY_BITS}; the largest N it can be solved at is "
-                        f"{top:,} with delta = {spec.delta_ms:g} ms (a coarser delta allows more)")
+        raise StateSpaceTooLarge(f"{name} = {int(N):,} is beyond what the exact chain can hold: a state of this "
+                                 f"system needs {need} bits, more than {dtmc.KEY_BITS}; the largest N it can be "
+                                 f"solved at is {top:,} with delta = {spec.delta_ms:g} ms (a coarser delta allows "
+                                 f"more)")
 
 
 def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,

@@ -521,7 +521,11 @@ def test_unbounded_work_is_refused_up_front_with_its_size(here):
                                 "prompts.jsonl", "--policy", "confidence", "--tau", "0.5", "--max-new-tokens",
                                 "100000"], "--max-new-tokens 100000", seconds=240)
     assert "max_position_embeddings = 1,024" in line and "<= 1021" in line
-    check_refused(here, ["tr-optimize", *SYSTEM, "--N", "1-100000", "--no-cache"], "--max-evaluations", expect=3)
+    check_refused(here, ["tr-optimize", *SYSTEM, "--N", "1-100000", "--no-cache"], "the largest N", expect=3)
+    check_refused(here, ["tr-optimize", *SYSTEM, "--N", "1-3000", "--search", "exhaustive", "--no-cache"],
+                  "--max-evaluations", expect=3)
+    check_refused(here, ["tr-optimize", *SYSTEM, "--N", "40-60", "--method", "simulate", "--no-cache",
+                         "--max-evaluations", "100"], "simulations", expect=3)
     check_refused(here, ["tr-shadow", "stats", "--synthetic", "--sessions", "1000000000"], "--sessions")
     check_refused(here, ["tr-shadow", "simulate", "--synthetic", "--sessions", "5", "--measure-s", "1e9"],
                   "--measure-s")

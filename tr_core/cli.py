@@ -57,6 +57,10 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {_as_typed(_one_line(message))}\n")
         raise SystemExit(EXIT_BAD_INPUT)
 
+    def parse_args(self, args=None, namespace=None):
+        _TYPED_SPELLINGS.clear()  # a new command line (sub-commands parse through parse_known_args only)
+        return super().parse_args(args, namespace)
+
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
         mine = self._typed_flags(argv)  # before parsing: an argparse error names the spelling typed too

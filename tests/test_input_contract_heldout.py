@@ -356,3 +356,86 @@ def test_heldout_api_second_batch(tmp_path, case):
             call(tmp_path)
     assert str(e.value) and "\n" not in str(e.value)
     assert listing(tmp_path) == set()
+
+
+# ------------------------------------------------------------------------------- the third batch
+# Written after every fix above, before it was first run: the figure after the fixes (benchmarks/RESULTS.md):
+# 24 of 25 clean at the first run; the one failure (an empty --out read as none) was fixed after.
+
+LP = [os.path.join(os.path.dirname(TRACE), f"latency-{m}.json") for m in ("small", "large")]
+
+CASES_3 = {
+    "optimize --spec a folder": (["tr-optimize", "--spec", "adir", "--N", "2"], {2}, "adir"),
+    "show a symlink to a fifo": (["tr-autotune", "show", "link-to-fifo"], {2}, "link-to-fifo"),
+    "profile system --trace fifo": (["tr-profile", "system", "--latency-profile", *LP, "--trace", "fifo"], {2}, "fifo"),
+    "shadow --model-config fifo": (["tr-shadow", "stats", "--synthetic", "--sessions", "3", "--latency",
+                                    "--model-config", "small=fifo.json"], {2}, "fifo.json"),
+    "optimize simulate search --sim-steps with --jitter": (OPT + ["--method", "simulate", "--jitter", "0.2",
+                                                                  "--sim-steps", "5000"], {2}, "--sim-steps"),
+    "optimize --B with --dask": (OPT + ["--B", "1", "2", "--dask", "tcp://127.0.0.1:1"], {2}, "--dask"),
+    "autotune run pruned --max-gap": (RUN + ["--search", "pruned", "--max-gap", "0.1"], {2}, "--max-gap"),
+    "shadow sessions --trace --tasks": (["tr-shadow", "sessions", "--trace", "t.jsonl", "--tasks", "3"], {2},
+                                        "--tasks"),
+    "show: gap 3 in an exhaustive row": (["tr-autotune", "show", "gap3.json"], {2}, "gap"),
+    "optimize --B at N = 3000": (OPT[:-3] + ["--N", "3000", "--B", "1", "1", "--no-cache"], {2, 3}, "--N"),
+    "measure --warmup-s 1e6": (["tr-autotune", "measure", *SYSTEM, "--N", "2", "--B", "1", "2", "--warmup-s", "1e6",
+                                "--duration-s", "1"], {2, 3}, "--warmup-s"),
+    "profile latency --warmup-steps 10^6": (["tr-profile", "latency", "--config", SMALL_CONFIG, "--device", "cpu",
+                                             "--batch-sizes", "1", "--steps", "100", "--warmup-steps", "1000000"],
+                                            {2, 3}, "--warmup-steps"),
+    "measure --time-scale 0.03": (["tr-autotune", "measure", *SYSTEM, "--N", "2", "--B", "1", "2", "--no-predict",
+                                   "--time-scale", "0.03", "--duration-s", "1"], {2}, "--time-scale"),
+    "optimize --sim-budget -5": (OPT + ["--method", "simulate", "--sim-budget", "-5"], {2}, "--sim-budget "),
+    "kv-plan --max-concurrency -1": (["tr-autotune", "kv-plan", "--placement", "fifo", "--max-concurrency", "-1"],
+                                     {2}, "--max-concurrency"),
+    "shadow --replay-tpot x": (["tr-shadow", "stats", "--synthetic", "--sessions", "3", "--replay-tpot", "x"], {2},
+                               "--replay-tpot"),
+    "profile routing --out /dev/full": (["tr-profile", "routing", "--trace", TRACE, "--out", "/dev/full"], {2},
+                                        "--out"),
+    "show --out a folder/": (["tr-autotune", "show", "th.json", "--out", "adir/"], {2}, "--out"),
+    "optimize --out empty": (OPT + ["--out", ""], {2}, "--out"),
+    "shadow latency --out missing folder": (["tr-shadow", "latency", "--model", "qwen3-0.6b", "--out",
+                                             "nodir/x.json"], {2}, "--out"),
+    "optimize --max-batch 0": (OPT + ["--max-batch", "0", "none"], {2}, "--max-batch"),
+    "autotune run --spec with --p": (["tr-autotune", "run", "--spec", "spec.json", "--p", "0.3", "--N", "2",
+                                      "--thresholds", "t.json"], {2}, "--spec"),
+}
+
+
+@pytest.fixture
+def here3(here2):
+    _table(here2, "gap3.json", lambda d: d["entries"][0].update(gap=3.0))
+    return here2
+
+
+@pytest.mark.parametrize("case", sorted(CASES_3))
+def test_heldout_cli_third_batch(here3, case):
+    argv, codes, needle = CASES_3[case]
+    before = listing(here3)
+    try:
+        code, _, err = run(argv, seconds=90)
+    except Hang:
+        pytest.fail("hung")
+    expect = code if code in codes else min(codes)
+    clean(code, err, expect, before=before, folder=here3, needle=needle)
+
+
+def _api_cases_3():
+    import tr_model
+    from tr_core.spec import preset
+    from tr_model.autotune import tune
+    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    return {"optimize exhaustive policies=": lambda tmp: tr_model.optimize(spec, 3, search="exhaustive",
+                                                                            policies=None),
+            "tune N = 5000": lambda tmp: tune(spec, 5000, tmp / "t.json"),
+            "evaluate N = 3000": lambda tmp: tr_model.evaluate(spec, 3000, (1, 1))}
+
+
+@pytest.mark.parametrize("case", ["optimize exhaustive policies=", "tune N = 5000", "evaluate N = 3000"])
+def test_heldout_api_third_batch(tmp_path, case):
+    from tr_core.errors import TRError
+    with alarm(90):
+        with pytest.raises((TRError, ValueError)) as e:
+            _api_cases_3()[case](tmp_path)
+    assert str(e.value) and "\n" not in str(e.value)
+    assert listing(tmp_path) == set()

@@ -75,7 +75,7 @@ class Parser(argparse.ArgumentParser):
                    if getattr(ns, dest, None) is None]
         if missing:
             self.error(f"the following arguments are required: {', '.join(missing)}")
-        if getattr(ns, "_formats", None) is not None and getattr(ns, "out", None):
+        if getattr(ns, "_formats", None) is not None and getattr(ns, "out", None) is not None:  # "" too
             check_out_path(ns.out, flag_name(ns, "out", "--out"))  # --out is checked before any work, everywhere
         return ns, extras
 

@@ -61,14 +61,15 @@ def bound(x):
 
 
 def run_config(pair, rho, cold, p, seeds, a, cap):
-    cfg = ClusterConfig(models=pair, instances=a.instances, cache_normal_requests=True, cold_age_s=cold)
-    d = {(ap, sw): [] for ap in APPROACHES for sw in (False, True)}
+    cfg = ClusterConfig(models=pair, instances=a.instances, cache_normal_requests=True, cold_age_s=cold,
+                        credit_gate=a.credit_gate)
+    d = {(ap, sw): [] for ap in a.approaches for sw in (False, True)}
     for s in seeds:
         ss = markov_pool(p, a.sessions, s)
         sc = Scenario(rho=rho, warmup_s=a.warmup_s, measure_s=a.measure_s, drain_s=a.drain_s,
                       session_rate=a.session_rate, seed=s)
         base = simulate_cluster(ss, cfg, "No Shadow", sc, capacity=cap)
-        for ap in APPROACHES:
+        for ap in a.approaches:
             r = simulate_cluster(ss, cfg, ap, sc, capacity=cap)
             for sw in (False, True):
                 d[(ap, sw)].append(paired(base, r, sw))
@@ -82,6 +83,9 @@ def main():
     ap.add_argument("--cold-ages", type=float, nargs="+", default=[0.0, 5.0, 120.0])
     ap.add_argument("--switch-probs", type=float, nargs="+", default=[0.05, 0.45])
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    ap.add_argument("--approaches", nargs="+", default=list(APPROACHES))
+    ap.add_argument("--credit-gate", type=float, default=ClusterConfig().credit_gate,
+                    help="Harvest-SLO's routed-step credit only for jobs with P(next -> model) >= this (0: all)")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--sessions", type=int, default=300)
     ap.add_argument("--session-rate", type=float, default=0.1)
@@ -95,7 +99,7 @@ def main():
           f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured; paired d = mean_a / mean_NoShadow - 1 (%), "
           f"bound = t(0.99, n-1) SE; '!' = significantly slower (1%)")
     print(f"{'pair':32s} {'load':>4s} {'cold':>5s} {'p':>5s}  " +
-          "  ".join(f"{x:>30s}" for x in APPROACHES) + "   (all calls | switch calls: mean+-SE [bound])")
+          "  ".join(f"{x:>30s}" for x in a.approaches) + "   (all calls | switch calls: mean+-SE [bound])")
     worst = {}
     t0 = time.perf_counter()
     for pair_s in a.pairs:
@@ -105,8 +109,9 @@ def main():
         for rho, cold, p in itertools.product(a.loads, a.cold_ages, a.switch_probs):
             d = run_config(pair, rho, cold, p, a.seeds, a, cap)
             cells = []
-            rec = {"pair": pair, "rho": rho, "cold_age_s": cold, "switch_prob": p, "seeds": a.seeds}
-            for apn in APPROACHES:
+            rec = {"pair": pair, "rho": rho, "cold_age_s": cold, "switch_prob": p, "seeds": a.seeds,
+                   "credit_gate": a.credit_gate}
+            for apn in a.approaches:
                 parts = []
                 for sw in (False, True):
                     m, se, b = bound(d[(apn, sw)])

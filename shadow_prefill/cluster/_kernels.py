@@ -53,7 +53,8 @@ Q_CACHE_NORMAL = 16  # keep finished normal requests as (never-hit) cache entrie
 Q_WHOLE_COPY = 17   # legacy (before issue 16): a copy that shadow work extends joins the shadow class whole
 Q_COLD_FIRST = 18   # admissions take entries idle > cold age before the shadow class (what shadows may take too)
 Q_RECLAIM_GUARD = 19  # after an admission drops unused shadow KV, shadows take no free memory for the cold age
-Q_SIZE = 20
+Q_CREDIT_GATE = 20  # Harvest-SLO: the routed-step credit goes only to jobs with P(next call -> model) >= this
+Q_SIZE = 21
 
 # ---- request kinds
 K_NORMAL = 0
@@ -1053,7 +1054,7 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
                    n_min, cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
                    s_active, s_cur, s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem,
                    sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard,
-                   reclaim_t):
+                   reclaim_t, credit_gate):
     """Algorithm 1: shadow chunks appended last to the iteration, by decreasing switch probability.
 
     A chunk takes free memory or entries idle for more than the cold age.  Reclaim guard: for the cold age
@@ -1112,6 +1113,8 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
                 pr = c_pnext[cix, m]
                 if gate > 0.0 and pr < gate:
                     continue
+                if branch == 2 and pr < credit_gate:
+                    continue  # stretching a routed call's iteration pays off only for a likely switch
                 if top1 and c_top[cix] != m:
                     continue
                 e = sm_hbm[off + sm]
@@ -1418,6 +1421,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     whole_copy = par[Q_WHOLE_COPY] != 0.0
     cold_first = par[Q_COLD_FIRST] != 0.0
     reclaim_guard = par[Q_RECLAIM_GUARD] != 0.0
+    credit_gate = par[Q_CREDIT_GATE]
     harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
     ded_mode = shadow_mode == SH_DEDICATED
     eager = shadow_mode == SH_EAGER
@@ -1603,7 +1607,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
             i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin, n_min,
             cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
             s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, sm_hbm, sm_host, ent,
-            last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard, reclaim_t)
+            last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard, reclaim_t, credit_gate)
         if dur <= 0.0:
             # nothing runnable: sleep until a host reload completes or new work arrives
             if itf[F_NEXT_READY] < INF:

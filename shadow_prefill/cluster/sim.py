@@ -130,6 +130,8 @@ class ClusterConfig:
     cold_entries_first: bool = True             # admissions evict entries idle > cold_age_s before shadow KV
     reclaim_guard: bool = True                  # no shadow into free memory for cold_age_s after an admission
                                                 # dropped unused shadow KV on that instance
+    credit_gate: float = 0.25                   # Harvest-SLO's routed-step credit (C2) goes only to shadow jobs
+                                                # whose P(next call -> their model) >= this (0: every job)
     power: PowerModel | None = None
 
     def check(self, n_models: int | None = None) -> None:
@@ -167,6 +169,8 @@ class ClusterConfig:
             raise ShadowError(f"margin must be in [0, 1), got {self.margin!r}")
         if not (isinstance(self.n_min, int) and self.n_min >= 1):
             raise ShadowError(f"n_min must be an integer >= 1, got {self.n_min!r}")
+        if not (0 <= self.credit_gate <= 1):
+            raise ShadowError(f"credit_gate must be in [0, 1], got {self.credit_gate!r}")
         if not (0 <= self.shadow_kv_cap <= 1):
             raise ShadowError(f"shadow_kv_cap must be in [0, 1], got {self.shadow_kv_cap!r}")
         if self.prices is not None and len(self.prices) != len(self.models):
@@ -293,6 +297,7 @@ def _params(config: ClusterConfig, policy: Policy, warm: float, meas_end: float,
     par[_k.Q_WHOLE_COPY] = float(config.shadow_extends_whole_copy)
     par[_k.Q_COLD_FIRST] = float(config.cold_entries_first)
     par[_k.Q_RECLAIM_GUARD] = float(config.reclaim_guard)
+    par[_k.Q_CREDIT_GATE] = float(config.credit_gate)
     return par
 
 

@@ -7,7 +7,8 @@ Host Tier          No Shadow with the host-DRAM KV tier (evicted session entries
 Harvest            shadow jobs under a fixed credit (delta = 0.1 of decode-only iteration time,
                    spent on every busy iteration); idle instances run capped shadow iterations
 Harvest-SLO        shadow jobs under the SLO-slack controller (Algorithm 1, delta = 0.025 spent
-                   only on iterations that carry a routed call)
+                   only on iterations that carry a routed call, and only by jobs whose predicted
+                   switch probability is >= ClusterConfig.credit_gate, 0.25)
 Harvest-SLO+Host   Harvest-SLO with the host tier (the complete design)
 Predictive         Harvest, gated: a session is shadowed to a model only while the predicted
                    probability that its next call goes there is >= 0.25

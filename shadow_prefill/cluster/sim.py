@@ -48,7 +48,8 @@ sequence (the call's prompt at once, then its output as it streams), its
 (Algorithm 1: none while its waiting queue is non-empty or an admission was
 blocked; beta * TPOT-capped shadow-only iterations when idle; on busy
 iterations the SLO-slack bound, or the routed-step credit when a routed call
-is in the batch; Harvest spends a fixed credit on every busy iteration),
+is in the batch, spent only by jobs whose predicted switch probability is at least
+``credit_gate``; Harvest spends a fixed credit on every busy iteration),
 taking tokens from pending jobs in decreasing order of the predicted
 probability that the session's next call goes to this model.  A chunk
 attends over the job's coverage.  Chunks under ``n_min`` tokens are deferred.

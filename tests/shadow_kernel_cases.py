@@ -37,7 +37,9 @@ def cases():
     from shadow_prefill.cluster.sim import ClusterConfig, Scenario
 
     ss = generate_synthetic_sessions(SyntheticParams(n_sessions=40, switch_prob=0.35, seed=7))
-    sc = Scenario(rho=0.7, warmup_s=20.0, measure_s=80.0, drain_s=600.0, session_rate=0.3, seed=3)
+    # the fixture predates issue 26's random session draw per seed: replay the pool's first sessions
+    sc = Scenario(rho=0.7, warmup_s=20.0, measure_s=80.0, drain_s=600.0, session_rate=0.3, seed=3,
+                  session_draw="in-order")
     out = []
     base = ClusterConfig(instances=2)
     for a in APPROACH_NAMES:
@@ -78,10 +80,11 @@ def digest(run) -> dict:
 
 
 def legacy(cfg):
-    """The fixture predates issue 16's rules (shadow-tail class, cold entries first, reclaim guard): replay it with
-    the rules it had."""
+    """The fixture predates issue 16's rules (shadow-tail class, cold entries first, reclaim guard) and issue 26's
+    credit gate: replay it with the rules it had."""
     from dataclasses import replace
-    return replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False, reclaim_guard=False)
+    return replace(cfg, shadow_extends_whole_copy=True, cold_entries_first=False, reclaim_guard=False,
+                   credit_gate=0.0)
 
 
 def compute_all() -> dict:

@@ -5,7 +5,7 @@ output array of 25 fixed-seed runs, written by ``shadow_kernel_cases.py`` from
 the kernel before the split (issue 15, item 4).  Issue 16 then changed one rule (a session's copy that shadow
 work extends keeps its class; only the shadow tail is evict-first); the fixture replays with the old rule
 (``shadow_extends_whole_copy=True``, and no cold-first eviction or reclaim guard), which must leave every output
-unchanged.
+unchanged; likewise issue 26's credit gate (``credit_gate=0``) and random session draw (``session_draw="in-order"``).
 """
 
 from __future__ import annotations

@@ -941,6 +941,8 @@ def _check_step_count(a) -> None:
         n_sizes = len(parse_int_ranges(a.batch_sizes, "--batch-sizes", lo=1, hi=1 << 20))
     except SpecError:
         return  # reported, naming the flag, by the command itself
+    if n_sizes > MAX_BATCH_SIZES:
+        return  # --batch-sizes is refused by the command itself, naming it
     total = n_sizes * (a.steps + getattr(a, "warmup_steps", 0))
     if total > MAX_PROFILED_STEPS:
         raise WorkTooLarge(f"--steps {a.steps:,} over {n_sizes} batch size(s) would run {total:,} model steps (warm-up "

@@ -144,6 +144,7 @@ FLAG_VALUES = {
     "--max-states": ["1", "500", "0", "-5"], "--format": ["json", "csv", "table", "xml"],
     "--tol": ["1e-9", "0", "nan"], "--max-evaluations": ["5", "0"], "--workers": ["1", "0", "x"],
     "--method": ["exact", "bogus"], "--search": ["local", "exhaustive", "x"],
+    "--corun-slowdown": ["1", "2.5", "0.5", "nan", "x"],
 }
 flag_lists = st.lists(st.sampled_from(sorted(FLAG_VALUES)), min_size=1, max_size=6).flatmap(
     lambda flags: st.tuples(*[st.tuples(st.just(f), st.lists(st.sampled_from(FLAG_VALUES[f]), min_size=0, max_size=2))

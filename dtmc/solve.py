@@ -517,7 +517,8 @@ def solver_help(default: str = "auto") -> str:
                  f"states"),
         "anderson": "Anderson-accelerated Gauss-Seidel only",
         "gauss-seidel": "plain Gauss-Seidel",
-        "gth": "GTH elimination (exact up to rounding, dense work)",
+        "gth": "GTH elimination (subtraction-free, underflow-safe; in the cheapest of breadth-first, reversed "
+               "breadth-first and reverse Cuthill-McKee order)",
         "direct": "sparse LU",
         "power": "power iteration",
     }

@@ -21,8 +21,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_version, check_out_path, deprecated_alias, emit,
-                         format_table, note, output_format, parse_int_ranges, run_cli, to_csv)
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_out_path,
+                         deprecated_alias, emit, format_table, note, output_format, parse_int_ranges,
+                         require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 
 MAX_PROFILED_STEPS = 1_000_000  # timed + warm-up steps of one tr-profile run
@@ -140,7 +141,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _common_args(p: argparse.ArgumentParser, run_dir: bool = True) -> None:
     g = p.add_argument_group("output")
     add_output_args(p, group=g)
-    g.add_argument("--quiet", action="store_true", help="no progress and no notes on stderr")
+    add_quiet_arg(g)
     if run_dir:
         g.add_argument("--run-dir", default=os.path.join("runs", "profile"),
                        help="base folder of run folders (default runs/profile)")
@@ -914,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--predicted", metavar="FILE.json", help="thresholds file (tr-autotune run) or tr-optimize JSON: "
                    "predicted tokens/s per N beside the measurement, with the ratio; must cover every --N")
     q.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
-    q.add_argument("--quiet", action="store_true", help="no progress or notes on stderr")
+    add_quiet_arg(q)
     add_output_args(q)
     q.set_defaults(func=cmd_serve_bench)
     return p
@@ -923,8 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main_impl(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
-    if not getattr(a, "func", None):
-        parser.error("choose a subcommand: latency, routing, route-run, system, roofline or serve-bench")
+    require_subcommand(parser, a)
     for flag in ("context", "extend_tokens", "steps", "warmup_steps", "max_new_tokens"):
         if hasattr(a, flag):
             _check_int(getattr(a, flag), "--" + flag.replace("_", "-"), 1 if flag == "steps" else 0)

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from tr_core.cli import Parser, add_output_args, add_version, check_out_path, deprecated_alias, emit, output_format, \
-    run_cli
+    require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
 from shadow_prefill.errors import ShadowError
@@ -281,7 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
                                              "models and ShadowPrefill's shadow budget.")
     add_version(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
     for name, (builder, func) in SUBCOMMANDS.items():
         builder(sub).set_defaults(func=func)
     register(sub)
@@ -289,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    require_subcommand(parser, args)
     for flag in ("out", "save_model"):  # refuse a folder or a device before any work, not after an hour of it
         if getattr(args, flag, None):
             check_out_path(getattr(args, flag), "--" + flag.replace("_", "-"))

@@ -498,6 +498,25 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, con
 # ----------------------------------------------------------------------------------------------- output
 
 
+def require_subcommand(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The subcommand ``args`` names; without one, the one wording every command uses for it (exit 2)."""
+    act = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = getattr(args, act.dest, None)
+    if command is None:
+        names = list(act.choices)
+        listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+        parser.error(f"a subcommand is required: {listed} (see {parser.prog} --help)")
+    return command
+
+
+QUIET_HELP = "no progress bar and no notes on stderr (warnings, errors and the results still appear)"
+
+
+def add_quiet_arg(group) -> None:
+    """``--quiet``, with the one meaning it has in every command (docs/cli-convention.md)."""
+    group.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+
+
 def add_output_args(parser, formats: Sequence[str] = FORMATS, *, default: str = "table", group=None) -> None:
     """``--format`` and ``--out FILE`` with the convention's meaning; resolve with :func:`output_format`."""
     g = group or parser

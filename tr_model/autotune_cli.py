@@ -25,8 +25,9 @@ import json
 import math
 import sys
 
-from tr_core.cli import (Parser, add_output_args, add_version, deprecated_alias, emit, fields_as_flags, flag_name,
-                         format_gain, format_table, note, output_format, refuse_given, run_cli, to_csv)
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, deprecated_alias, emit,
+                         fields_as_flags, flag_name, format_gain, format_table, note, output_format, refuse_given,
+                         require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError
 from tr_core.system_args import add_system_args, build_system
 
@@ -86,7 +87,7 @@ def _add_run(sub) -> None:
                    "chains than this (exit code 3)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
                    "summary (json: the thresholds file itself)")
-    t.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_quiet_arg(t)
 
 
 def _add_show(sub) -> None:
@@ -128,7 +129,8 @@ def _add_measure(sub) -> None:
     m.add_argument("--N", type=int, required=True, metavar="N", help="closed-loop clients (concurrency N)")
     deprecated_alias(m, "--clients", "--N")
     th = m.add_mutually_exclusive_group(required=True)
-    th.add_argument("--B", type=int, nargs="+", metavar="B", help="fixed threshold vector, one per model")
+    add_list_arg(th, "--B", convert=int, what="an integer", metavar="B", help="fixed threshold vector, one "
+                 "integer per model, e.g. 1 5")
     th.add_argument("--thresholds", metavar="FILE.json", help="thresholds file, looked up with the live active "
                     "count")
     m.add_argument("--time-scale", type=float, default=10.0, metavar="X", help="every emulated step lasts L_i(b) "
@@ -163,7 +165,7 @@ def _add_export(sub) -> None:
                    "max_concurrency)")
     deprecated_alias(r, "--max-concurrency", "--N")
     add_output_args(r, ("text", "json", "env"), default="text")
-    r.add_argument("--quiet", action="store_true", help="no notes on stderr")
+    add_quiet_arg(r)
 
 
 def _add_serve(sub) -> None:
@@ -196,7 +198,7 @@ def _add_serve(sub) -> None:
     h.add_argument("--shutdown-timeout-s", type=float, default=10.0, metavar="S", help="on SIGTERM/Ctrl-C, how "
                    "long in-flight requests may still finish, seconds (default 10)")
     h.add_argument("--access-log", action="store_true", help="log every HTTP request on stderr")
-    h.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_quiet_arg(h)
     e = s.add_argument_group("executor")
     e.add_argument("--executor", choices=("emulated", "torch"), default="emulated", help="emulated: every step "
                    "sleeps L_i(b) * --time-scale (default); torch: Qwen3 models with random weights from --config")
@@ -312,8 +314,7 @@ def _cmd_run(a) -> int:
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
-    if not a.quiet:
-        sys.stdout.write(_table_text(table, a.format, a.thresholds))
+    sys.stdout.write(_table_text(table, a.format, a.thresholds))
     return 0
 
 
@@ -587,11 +588,11 @@ def _cmd_serve(a) -> int:
                                    default_max_tokens=a.default_max_tokens, thresholds_label=label)
 
     def announce(url: str) -> None:
-        if not a.quiet:
-            sys.stdout.write(f"serving {spec.M} models ({a.executor} executor, time scale "
-                             f"{getattr(ex, 'time_scale', 1.0):g}, thresholds: {label}, up to N = {N} in flight) "
-                             f"on {url}\n")
-            sys.stdout.flush()
+        # where the server listens is its result: printed with --quiet too
+        sys.stdout.write(f"serving {spec.M} models ({a.executor} executor, time scale "
+                         f"{getattr(ex, 'time_scale', 1.0):g}, thresholds: {label}, up to N = {N} in flight) "
+                         f"on {url}\n")
+        sys.stdout.flush()
 
     stopped_by = serve.serve(service, a.host, a.port, shutdown_timeout_s=a.shutdown_timeout_s,
                              access_log=a.access_log, announce=announce)
@@ -604,12 +605,11 @@ def main_impl(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv  # the short form: tr-autotune --spec FILE --N N --thresholds FILE
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
     commands = {"run": _cmd_run, "show": _cmd_show, "kv-plan": _cmd_kv_plan, "measure": _cmd_measure,
                 "export": _cmd_export, "serve": _cmd_serve}
-    if a.command not in commands:
-        raise SpecError("a subcommand is required: run, show, kv-plan, measure, export or serve (see tr-autotune "
-                        "--help)")
+    require_subcommand(parser, a)
     return commands[a.command](a)
 
 

@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 
-from tr_core.cli import (IntRanges, Parser, Progress, add_output_args, add_version, emit, format_gain,
+from tr_core.cli import (IntRanges, Parser, Progress, add_list_arg, add_output_args, add_quiet_arg, add_version, emit, format_gain,
                          format_table, note, output_format, parse_int_list, run_cli, to_csv)
 from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_SEARCH, SEARCHES,
@@ -56,7 +56,7 @@ def build_parser() -> Parser:
     o.add_argument("--all", action="store_true", help="also output every evaluated B")
     o.add_argument("--plot", metavar="FILE", help="also plot throughput over the evaluated B for each N, B* "
                    "marked, eager drawn (.png, .svg or .pdf; needs a search, not --B)")
-    o.add_argument("--quiet", action="store_true", help="no progress bar, no notes on stderr")
+    add_quiet_arg(o)
     return p
 
 
@@ -66,8 +66,8 @@ def _add_search_args(p) -> None:
     s = p.add_argument_group("search")
     s.add_argument("--N", nargs="+", metavar="N", help="concurrency: integers or ranges, e.g. 1-16 32 "
                    f"(default {' '.join(map(str, DEFAULT_NS))})")
-    s.add_argument("--B", type=int, nargs="+", metavar="B", help="evaluate exactly this threshold vector "
-                   "instead of searching")
+    add_list_arg(s, "--B", convert=int, what="an integer", metavar="B", help="evaluate exactly this threshold "
+                 "vector instead of searching, one integer per model, e.g. 1 5")
     s.add_argument("--method", choices=("exact", "simulate", "auto"), default="exact",
                    help="exact: the Markov chain (default); simulate: the per-request event simulator (95%% "
                    "intervals, statistical ties reported); auto: exact when the chain fits under --max-states "

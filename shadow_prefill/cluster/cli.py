@@ -31,7 +31,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
-from tr_core.cli import Progress, add_output_args, deprecated_alias, emit, format_gain, output_format, \
+from tr_core.cli import Progress, add_output_args, add_quiet_arg, deprecated_alias, emit, format_gain, output_format, \
     parse_int_ranges
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
@@ -337,7 +337,7 @@ def _compare_parser(sub) -> argparse.ArgumentParser:
                    help="also report switch-call latency reduction per prompt-length bin (increasing token edges)")
     p.add_argument("--workers", default="1", metavar="K|auto", help="local worker processes (default 1)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on an existing Dask scheduler (tcp://host:8786)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    add_quiet_arg(p)
     return p
 
 

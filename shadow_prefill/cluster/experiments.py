@@ -117,8 +117,11 @@ def context_length_experiment(fast: bool | None = None, bins: Sequence[float] = 
 
 def load_experiment(fast: bool | None = None, rhos: Sequence[float] = (0.2, 0.5, 0.9, 1.0),
                     workers: int = 1, executor=None, capacity=CAP_DEFAULT) -> pd.DataFrame:
-    """LLM-call latency reduction of Harvest-SLO, Harvest-SLO+Host and Oracle+Host versus normal load rho."""
+    """LLM-call latency reduction of Harvest-SLO, Harvest-SLO+Host and Oracle+Host versus normal load rho
+    (``fast``: the lowest and the highest load only)."""
     fast = fast_mode() if fast is None else fast
+    if fast:
+        rhos = tuple(sorted({min(rhos), max(rhos)}))
     sc, seeds, wins = experiment_scenario(fast, session_rate=0.05)
     from shadow_prefill.builder import generate_synthetic_sessions
     ss = generate_synthetic_sessions(replace(long_context_params(60 if fast else 800), seed=3))
@@ -128,8 +131,11 @@ def load_experiment(fast: bool | None = None, rhos: Sequence[float] = (0.2, 0.5,
 
 def models_per_router_experiment(fast: bool | None = None, n_models: Sequence[int] = (2, 3, 4), workers: int = 1,
                                  executor=None) -> pd.DataFrame:
-    """Harvest-SLO+Host (all targets, top-1) and Oracle+Host with N models per router."""
+    """Harvest-SLO+Host (all targets, top-1) and Oracle+Host with N models per router (``fast``: the fewest and
+    the most models only)."""
     fast = fast_mode() if fast is None else fast
+    if fast:
+        n_models = tuple(sorted({min(n_models), max(n_models)}))
     sc, seeds, wins = experiment_scenario(fast)
     syn = SyntheticParams(n_sessions=60 if fast else 800, switch_prob=0.3, seed=4)
     return sweep_models_per_router(n_models, synthetic=syn, seeds=seeds, windows=wins, scenario=sc,

@@ -21,7 +21,7 @@ from tr_core.spec import preset
 
 mpmath = pytest.importorskip("mpmath")
 
-from mp_reference import mp_reference  # noqa: E402 - the 50-digit reference
+from mp_reference import mp_reference, mp_stationary as mp_stationary_ref  # noqa: E402 - the 50-digit reference
 
 U = Fraction(1, 2 ** 53)
 
@@ -197,3 +197,44 @@ def test_cli_stiff_case_exits_0_with_an_accurate_answer(run_tool, private_cache)
     assert res["accuracy_ok"] is True
     assert abs(res["throughput_tok_s"] - ref) / ref <= 1e-9
     assert abs(res["throughput_tok_s"] - ref) / ref <= res["throughput_error_bound"] <= 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extended_gth_bound_holds_below_the_double_range(seed):
+    """Random chains whose stationary vector spans 1e-300 .. 1e-1500 (steps up of weight 1e-60 .. 1e-5, a few
+    random long jumps down): the double elimination underflows, the extended one's bound covers the true error of
+    every component against a 50-digit GTH (whose exponents are unbounded), including those below the double
+    range (reported as 0 or subnormal)."""
+    rng = np.random.default_rng(seed)
+    n = 30 + 5 * seed
+    T = np.zeros((n, n))
+    for i in range(n):
+        if i + 1 < n:
+            T[i, i + 1] = 10.0 ** rng.uniform(-60, -5)
+        if i > 0:
+            T[i, i - 1] = rng.uniform(0.2, 1.0)
+        T[i, i] = rng.uniform(0.0, 0.5)
+        if rng.random() < 0.3:
+            T[i, rng.integers(i + 1)] += rng.uniform(0.0, 0.3)   # a long jump down
+    T[0, 0] += 0.1
+    T /= T.sum(axis=1, keepdims=True)
+    import scipy.sparse as sp
+    T = sp.csr_matrix(T)
+    x_mp = mp_stationary_ref(T)
+    assert min(x_mp) < mpmath.mpf("1e-320")        # the test reaches below the double range
+    for order in (None, np.arange(n - 1, -1, -1, dtype=np.int64)):
+        A = T if order is None else T[order][:, order].tocsr()
+        lo = K.gth_envelope(S._i64(A.indptr), S._i64(A.indices))
+        status, x, L, _f, under, e_x = K.gth_solve_scaled(S._i64(A.indptr), S._i64(A.indices), A.data, lo)
+        assert status == K.GTH_OK and under == 0 and np.isfinite(L)
+        pi, err = (x, e_x) if order is None else (np.empty(n), np.empty(n))
+        if order is not None:
+            pi[order], err[order] = x, e_x
+        for j, xj in enumerate(x_mp):
+            e = abs(mpmath.mpf(float(pi[j])) - xj)
+            # |pi - y| <= err (y: the exact back-substitution), y within exp(+-L) of the exact vector
+            allowed = err[j] + np.expm1(L) * np.exp(L) * (pi[j] + err[j])
+            assert e <= mpmath.mpf(float(allowed)) * (1 + mpmath.mpf("1e-12")), (j, float(e), allowed)
+    st = dtmc.stationary_distribution(T, solver="gth")
+    tot = mpmath.fsum(abs(mpmath.mpf(float(p)) - xj) for p, xj in zip(st.pi, x_mp))
+    assert tot <= st.error_bound <= 1e-9, (st.bound_method, float(tot), st.error_bound)

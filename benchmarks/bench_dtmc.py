@@ -275,7 +275,7 @@ def sweep(nmax, workers):
     opts = tr_model.optimize_many(R2R, Ns, workers=workers)
     el = time.perf_counter() - t0
     n_eval = sum(o.evaluated for o in opts)
-    assert n_eval == sum(count_feasible(2, N) for N in Ns)
+    assert n_eval == sum(count_feasible(N, 2) for N in Ns)
     print(f"exhaustive B* for R2R, N = 1..{nmax}: {n_eval} evaluated B in {el:.1f} s with {workers} workers "
           f"(max residual {max(e.residual for o in opts for e in o.evaluations):.1e})")
     print(format_table(["N", "B*", "tok/s", "eager tok/s", "gain"],

@@ -55,13 +55,14 @@ from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, CERTIFICA
 from tr_core.spec import SystemSpec
 
 
-def feasible_thresholds(M: int, N: int, max_count: int | None = None) -> list[tuple[int, ...]]:
-    """All B with B_i >= 1 and sum(B_i - 1) < N, in lexicographic order (generated directly)."""
+def feasible_thresholds(N: int, M: int, max_count: int | None = None) -> list[tuple[int, ...]]:
+    """All B with B_i >= 1 and sum(B_i - 1) < N, in lexicographic order (generated directly).  Arguments in
+    the order of :mod:`tr_core.feasibility` and of every other call (N, then M)."""
     return list(F.iter_feasible(N, M, max_count=max_count))
 
 
-def count_feasible(M: int, N: int) -> int:
-    """|{B : sum(B_i - 1) < N}| = C(N - 1 + M, M) (argument order kept from earlier releases)."""
+def count_feasible(N: int, M: int) -> int:
+    """|{B : sum(B_i - 1) < N}| = C(N - 1 + M, M) (N, then M, as in :mod:`tr_core.feasibility`)."""
     return F.count_feasible(N, M)
 
 
@@ -95,7 +96,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     if search == "exhaustive":
         F.check_count(total, max_evaluations, N=N, M=spec.M)
         t0 = time.perf_counter()
-        cands = (feasible_thresholds(spec.M, N) if candidates is None
+        cands = (feasible_thresholds(N, spec.M) if candidates is None
                  else [F.check_thresholds(c, N, spec.M) for c in candidates])
         eager_B = (1,) * spec.M
         if eager_B not in cands:

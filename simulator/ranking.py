@@ -110,8 +110,8 @@ class SimulatedOptimum:
                 "finalists": self.ranking.to_rows()}
 
 
-def feasible_thresholds(M: int, N: int) -> list[tuple[int, ...]]:
-    """All B in {1..N}^M with sum(B_i - 1) < N, in lexicographic order (:mod:`tr_core.feasibility`)."""
+def feasible_thresholds(N: int, M: int) -> list[tuple[int, ...]]:
+    """All B in {1..N}^M with sum(B_i - 1) < N, in lexicographic order (:mod:`tr_core.feasibility`; N, then M)."""
     if M < 1 or N < 1:
         raise SpecError(f"need M >= 1 and N >= 1, got M = {M}, N = {N}")
     from tr_core.feasibility import iter_feasible
@@ -198,7 +198,7 @@ def optimize_by_simulation(spec, N: int, *, candidates: Sequence[Sequence[int]] 
             raise WorkTooLarge(f"N = {N:,}: the simulator's search would simulate every one of the {count:,} "
                                f"feasible threshold vectors at least once (more than {MAX_SIMULATED_CANDIDATES:,}); "
                                f"lower N, or pass candidates")
-    cands = feasible_thresholds(M, N) if candidates is None else [validate_thresholds(B, M, N) for B in candidates]
+    cands = feasible_thresholds(N, M) if candidates is None else [validate_thresholds(B, M, N) for B in candidates]
     if not cands:
         raise SpecError("candidates must hold at least one threshold vector")
     cands = list(dict.fromkeys(cands))

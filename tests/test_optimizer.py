@@ -14,10 +14,10 @@ R2R = preset("r2r", [6.0, 27.9], p=0.35)
 
 @pytest.mark.parametrize("M,N", [(2, 1), (2, 5), (3, 4), (4, 3)])
 def test_feasible_set(M, N):
-    got = feasible_thresholds(M, N)
+    got = feasible_thresholds(N, M)
     brute = [B for B in itertools.product(range(1, N + 1), repeat=M) if sum(b - 1 for b in B) < N]
     assert got == sorted(brute)
-    assert len(got) == count_feasible(M, N)
+    assert len(got) == count_feasible(N, M)
 
 
 def _ev(B, thr):
@@ -34,7 +34,7 @@ def test_tie_rule_prefers_lexicographically_smallest():
 
 def test_optimum_is_argmax_of_table():
     o = tr_model.optimize(R2R, 6)
-    assert o.evaluated == count_feasible(2, 6)
+    assert o.evaluated == count_feasible(6, 2)
     t = o.table
     assert len(t) == o.evaluated
     assert o.throughput_tok_s == pytest.approx(t["throughput_tok_s"].max())

@@ -20,7 +20,7 @@ def _exact(spec, N, B):
 
 @pytest.mark.parametrize("M,N", [(2, 1), (2, 7), (3, 5), (4, 3)])
 def test_feasible_set_is_complete(M, N):
-    got = feasible_thresholds(M, N)
+    got = feasible_thresholds(N, M)
     # x_i = B_i - 1 >= 0 with sum x_i <= N - 1: C(N - 1 + M, M) vectors
     assert len(got) == math.comb(N - 1 + M, M)
     assert len(set(got)) == len(got) and got == sorted(got)
@@ -60,7 +60,7 @@ def test_optimize_by_simulation_finds_the_exact_optimum():
     assert opt.best_B in got.tie_set or got.best_B == opt.best_B
     assert exact_of_best >= opt.throughput_tok_s * 0.995
     assert abs(got.throughput_tok_s - opt.throughput_tok_s) <= 3 * got.ci95_tok_s + 0.01 * opt.throughput_tok_s
-    assert got.evaluated == len(feasible_thresholds(2, N))
+    assert got.evaluated == len(feasible_thresholds(N, 2))
     assert got.gain_vs_eager == pytest.approx(got.throughput_tok_s / got.eager_throughput_tok_s - 1, rel=1e-9)
     assert got.seconds < 30
 
@@ -98,7 +98,7 @@ def test_optimum_and_ranking_serialise_to_json():
     got = optimize_by_simulation(R2R, 3, budget_s=0.5, seed=1)
     d = json.loads(json.dumps(got.to_dict()))
     assert d["schema_version"] == 1 and d["best_B"] == list(got.best_B)
-    assert d["evaluated"] == len(feasible_thresholds(2, 3)) == len(got.table)
+    assert d["evaluated"] == len(feasible_thresholds(3, 2)) == len(got.table)
     assert all(list(b) in [r["B"] for r in d["finalists"]] for b in got.tie_set)
     rk = rank_candidates(R2R, 3, [(1, 1), (1, 2)], steps=20_000)
     assert json.loads(json.dumps(rk.to_dict()))["best_B"] == list(rk.best_B)

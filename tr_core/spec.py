@@ -54,6 +54,7 @@ from tr_core.errors import SpecError
 from tr_core.fileio import atomic_write, read_json
 
 SPEC_SCHEMA_VERSION = 1
+DEFAULT_DELTA_MS = 0.1  # the time quantum when none is given (specs, presets, the CLIs, sensitivity sweeps)
 PROB_TOL = 1e-9
 GRID_TOL = 1e-9
 
@@ -314,7 +315,7 @@ class SystemSpec:
     step_latency_ms: tuple[float, ...]
     routing_matrix: tuple[tuple[float, ...], ...]
     committed_tokens: tuple[tuple[float, ...], ...]
-    delta_ms: float = 0.1
+    delta_ms: float = DEFAULT_DELTA_MS
     name: str = "custom"
     model_names: tuple[str, ...] | None = None
     latency_curves: tuple[LatencyCurve | None, ...] | None = None
@@ -600,7 +601,7 @@ def _tuple_matrix(m: Any, name: str) -> tuple[tuple[float, ...], ...]:
 
 
 def make_spec(step_latency_ms: Sequence[float], routing_matrix: Any, committed_tokens: Any,
-              delta_ms: float = 0.1, name: str = "custom", model_names: Sequence[str] | None = None,
+              delta_ms: float = DEFAULT_DELTA_MS, name: str = "custom", model_names: Sequence[str] | None = None,
               latency_curves: Sequence[LatencyCurve | Mapping | None] | None = None,
               max_batch_size: Sequence[int | None] | None = None,
               provenance: Mapping[str, Any] | None = None,
@@ -664,7 +665,7 @@ PRESETS = ("r2r", "citer", "co-llm", "r-stitch", "me")
 
 
 def preset(algo: str, step_latency_ms: Sequence[float], p: float | None = None, q: float | None = None,
-           weights: Sequence[float] | None = None, delta_ms: float = 0.1, **kw) -> SystemSpec:
+           weights: Sequence[float] | None = None, delta_ms: float = DEFAULT_DELTA_MS, **kw) -> SystemSpec:
     """The spec of a routing algorithm from the paper's Table 1.
 
     ``r2r``/``citer``/``co-llm``: escalate with probability ``p``, the peer
@@ -816,7 +817,7 @@ def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
         _check_json_types(d)
         return make_spec(
             d["step_latency_ms"], d["routing_matrix"], d["committed_tokens"],
-            delta_ms=d.get("delta_ms", 0.1), name=d.get("name", "custom"),
+            delta_ms=d.get("delta_ms", DEFAULT_DELTA_MS), name=d.get("name", "custom"),
             model_names=d.get("model_names"), latency_curves=d.get("latency_curves"),
             max_batch_size=d.get("max_batch_size"), provenance=d.get("provenance"),
             corun_latency=_json_corun(d.get("corun_latency")))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from tr_core.cli import add_list_arg, deprecated_alias, flag_name, refuse_given
 from tr_core.errors import SpecError
-from tr_core.spec import PRESETS, SystemSpec, load_spec, preset
+from tr_core.spec import DEFAULT_DELTA_MS, PRESETS, SystemSpec, load_spec, preset
 
 DEFAULT_DELTA_RTOL = 0.01
 
@@ -79,8 +79,8 @@ def add_system_args(parser, *, title: str = "system (--spec, or a preset: --p/--
                        "(ms): JSON list of per-model entries (null, {slowdown: F} or {batch_size, step_latency_ms} "
                        "tables), or CSV with columns model,batch_size,step_latency_ms (as --L-table)")
     g.add_argument("--delta-ms", metavar="MS", help="time quantum in ms, or 'auto' for the coarsest grid that "
-                   "represents every latency within --delta-rtol (default 0.1, or the spec's delta_ms); every "
-                   "latency must be a multiple of it unless --round")
+                   f"represents every latency within --delta-rtol (default {DEFAULT_DELTA_MS:g}, or the spec's "
+                   "delta_ms); every latency must be a multiple of it unless --round")
     deprecated_alias(parser, "--delta", "--delta-ms")
     g.add_argument("--delta-rtol", type=float, default=DEFAULT_DELTA_RTOL, metavar="R", help="relative rounding "
                    "error allowed by --delta-ms auto (default %(default)g)")
@@ -163,7 +163,7 @@ def _preset_from_args(a, curves, delta: float | None) -> SystemSpec:
     if algo in ("r2r", "citer", "co-llm") and a.q is not None:
         raise SpecError(f"--q applies to --algo r-stitch, not {algo}")
     try:
-        return preset(algo, L, p=a.p, q=a.q, weights=a.weights, delta_ms=0.1 if delta is None else delta)
+        return preset(algo, L, p=a.p, q=a.q, weights=a.weights, delta_ms=DEFAULT_DELTA_MS if delta is None else delta)
     except SpecError as e:
         if str(e).startswith(("step_latency_ms", "delta_ms")):
             raise _flag_error("--L" if str(e).startswith("step") else flag_name(a, "delta_ms", "--delta-ms"),

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from tr_core.errors import SpecError
-from tr_core.spec import SystemSpec, preset
+from tr_core.spec import DEFAULT_DELTA_MS, SystemSpec, preset
 
 __all__ = ["compare_systems", "bstar_grid", "perturbed_preset", "profiling_sensitivity", "grid_latency"]
 
@@ -63,7 +63,7 @@ def compare_systems(systems: Mapping[str, SystemSpec], Ns: Sequence[int], **opti
 
 
 def bstar_grid(algo: str, ps: Sequence[float], latency_ratios: Sequence[float], N: int, *, L0_ms: float = 6.0,
-               q: float | None = None, delta_ms: float = 0.1, **optimize_kw) -> pd.DataFrame:
+               q: float | None = None, delta_ms: float = DEFAULT_DELTA_MS, **optimize_kw) -> pd.DataFrame:
     """B* of a two-model preset at concurrency ``N`` over a grid of p and ``L1 / L0``.
 
     Columns: ``p``, ``latency_ratio``, ``L1_ms`` (on the grid), ``N``,
@@ -99,7 +99,7 @@ def _preset_params(algo: str, step_latency_ms: Sequence[float], p, q, weights) -
 
 
 def perturbed_preset(algo: str, step_latency_ms: Sequence[float], *, p: float | None = None,
-                     q: float | None = None, weights: Sequence[float] | None = None, delta_ms: float = 0.1,
+                     q: float | None = None, weights: Sequence[float] | None = None, delta_ms: float = DEFAULT_DELTA_MS,
                      parameter: str | None = None, rel_error: float = 0.0) -> SystemSpec:
     """The preset with one parameter (``p``, ``q`` or ``L<i>``) multiplied by ``1 + rel_error``."""
     L = [float(x) for x in step_latency_ms]
@@ -121,8 +121,8 @@ def perturbed_preset(algo: str, step_latency_ms: Sequence[float], *, p: float | 
 
 
 def profiling_sensitivity(algo: str, step_latency_ms: Sequence[float], N: int, *, p: float | None = None,
-                          q: float | None = None, weights: Sequence[float] | None = None, delta_ms: float = 0.1,
-                          parameters: Sequence[str] | None = None,
+                          q: float | None = None, weights: Sequence[float] | None = None,
+                          delta_ms: float = DEFAULT_DELTA_MS, parameters: Sequence[str] | None = None,
                           rel_errors: Sequence[float] = (-0.2, -0.1, -0.05, 0.05, 0.1, 0.2),
                           **optimize_kw) -> pd.DataFrame:
     """Threshold regret and prediction error when one profiled parameter is off by a relative error.

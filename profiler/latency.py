@@ -62,6 +62,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tr_core import units
 from tr_core.errors import TRError
 from tr_core.fileio import read_json
 
@@ -382,7 +383,7 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int | None:
         return None
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or hidden // heads
-    return int(2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype])
+    return units.kv_bytes_per_token(layers, kv_heads, head_dim, DTYPE_BYTES[dtype])
 
 
 def _read_config_dict(path: str) -> dict:

@@ -69,6 +69,7 @@ import numpy as np
 from shadow_prefill import _kernels as _k
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.presets import gpu_preset, model_config
+from tr_core import units
 from tr_core.units import DTYPE_BYTES  # the project's one table of dtype sizes
 
 __all__ = ["ModelArch", "GPUSpec", "LatencyModel", "build_roofline", "fit_linear_model", "read_profile_points",
@@ -201,18 +202,17 @@ class ModelArch:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer and KV head for one token, whole model."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        return units.kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.kv_dtype_bytes)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
-        if self.kv_heads % tp == 0:
-            return self.kv_heads // tp
-        if tp % self.kv_heads == 0:
-            return 1  # more ranks than KV heads: each keeps a replica
+        share = units.kv_heads_per_gpu(self.kv_heads, tp)  # more ranks than heads: a replica each
+        if share is not None:
+            return share
         raise ShadowError(f"model {self.name!r}: tensor-parallel degree {tp} neither divides nor is a multiple of "
                           f"its {self.kv_heads} KV heads")
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        return 2 * self.layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes
+        return units.kv_bytes_per_token(self.layers, self.kv_heads_per_gpu(tp), self.head_dim, self.kv_dtype_bytes)
 
     # ----------------------------------------------------------------- construction
     @classmethod

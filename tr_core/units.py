@@ -8,4 +8,21 @@ DTYPE_BYTES = {
 
 GIB = 1024 ** 3
 
-__all__ = ["DTYPE_BYTES", "GIB"]
+
+def kv_heads_per_gpu(kv_heads: int, tp: int) -> int | None:
+    """KV heads one of ``tp`` tensor-parallel ranks keeps: an even share, or one replica each when there are
+    more ranks than heads; None when ``tp`` neither divides nor is a multiple of ``kv_heads``."""
+    if kv_heads % tp == 0:
+        return kv_heads // tp
+    if tp % kv_heads == 0:
+        return 1
+    return None
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV-cache bytes of one token: K and V (2) x layers x KV heads x head dim x bytes per element (the one
+    formula of the KV plan, the ShadowPrefill latency model, the profiler and the runtime)."""
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * int(dtype_bytes)
+
+
+__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu"]

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tr_core.errors import SpecError, short_repr
+from tr_core import units
 from tr_core.units import DTYPE_BYTES, GIB
 
 PLACEMENT_SCHEMA_VERSION = 1
@@ -171,18 +172,17 @@ class ModelFootprint:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer and every KV head, one token, whole model (bytes)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+        return units.kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype_bytes)
 
     def kv_heads_per_gpu(self, tp: int) -> int:
-        if self.num_kv_heads % tp == 0:
-            return self.num_kv_heads // tp
-        if tp % self.num_kv_heads == 0:
-            return 1  # more ranks than KV heads: each rank keeps a replica of one head
+        share = units.kv_heads_per_gpu(self.num_kv_heads, tp)  # more ranks than heads: a replica each
+        if share is not None:
+            return share
         raise SpecError(f"model {self.name!r}: tensor_parallel = {tp} neither divides nor is a multiple of "
                         f"num_key_value_heads = {self.num_kv_heads}")
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes
+        return units.kv_bytes_per_token(self.num_layers, self.kv_heads_per_gpu(tp), self.head_dim, self.kv_dtype_bytes)
 
     def weight_bytes_per_gpu(self, tp: int) -> int:
         rep = self.replicated_parameters * self.dtype_bytes

@@ -102,7 +102,8 @@ class Qwen3Shape:
         return dtype_bytes * (self.num_layers * per_layer + emb + h)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        from tr_core.units import kv_bytes_per_token
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes)
 
 
 def load_shape(path: str | os.PathLike) -> Qwen3Shape:

@@ -256,8 +256,13 @@ class _Relay:
         try:
             self.queue.put(None)
             self._thread.join(timeout=30)
+        except Exception:  # the manager is gone (an interrupt reached it too): the sweep's own error stands
+            pass
         finally:
-            self._manager.shutdown()
+            try:
+                self._manager.shutdown()
+            except Exception:
+                pass
         return False
 
 

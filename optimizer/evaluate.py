@@ -83,10 +83,12 @@ def check_thresholds(spec: SystemSpec, N: int, B) -> tuple[int, ...]:
     return check(B, N, spec.M)
 
 
-def check_representable(spec: SystemSpec, N: int, round_to_grid: bool = False, name: str = "N") -> None:
+def check_representable(spec: SystemSpec, N: int, name: str = "N") -> None:
     """Refuse (exit code 3), before any work, a concurrency whose chain states cannot be represented (packed
     keys of ``dtmc.KEY_BITS`` bits): a sweep or table up to such an N would work for hours and then fail."""
-    d, _ = spec.quanta_table(int(N), round_to_grid=round_to_grid)
+    # rounded here whatever the caller rounds: an off-grid latency is reported by the N that meets it (with
+    # the rows before it kept); only the size of the longest duration matters for the key
+    d, _ = spec.quanta_table(int(N), round_to_grid=True)
     dmax = int(d.max())
     need = dtmc.key_bits(spec.M, int(N), dmax)
     if need > dtmc.KEY_BITS:

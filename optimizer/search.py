@@ -139,6 +139,9 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     """
     search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
+    if Ns:  # an N the chain cannot hold fails before the smaller ones are computed, not after
+        from optimizer.evaluate import check_representable
+        check_representable(spec, max(Ns), name="max(Ns)")
     if search == "exhaustive":
         total = sum(F.count_feasible(n, spec.M) for n in Ns)
         F.check_count(total, max_evaluations, M=spec.M)

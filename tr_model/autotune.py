@@ -419,7 +419,7 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     if max_gap is not None and search not in ("certified", "auto"):
         raise SpecError(f"max_gap applies to search = 'certified' or 'auto', not {search!r} (it would be dropped)")
     from optimizer.evaluate import check_representable
-    check_representable(spec, max_concurrency, round_to_grid, name="max_concurrency")
+    check_representable(spec, max_concurrency, name="max_concurrency")
     out = os.fspath(out)
     opts = solver_options(solver, tol, max_states, round_to_grid, search,
                           DEFAULT_MAX_GAP if max_gap is None else max_gap, max_evaluations, time_budget_per_n_s)

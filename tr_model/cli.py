@@ -270,7 +270,7 @@ def validate(a) -> Plan:
     check_count(total, a.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
     if a.method == "exact":
         from optimizer.evaluate import check_representable
-        check_representable(system.spec, Ns.max, system.round_to_grid, name="--N")
+        check_representable(system.spec, Ns.max, name="--N")
     max_states = a.max_states
     if max_states is None:
         import dtmc

@@ -87,10 +87,12 @@ def check_representable(spec: SystemSpec, N: int, name: str = "N") -> None:
     """Refuse (exit code 3), before any work, a concurrency whose chain states cannot be represented (packed
     keys of ``dtmc.KEY_BITS`` bits): a sweep or table up to such an N would work for hours and then fail."""
     # rounded here whatever the caller rounds: an off-grid latency is reported by the N that meets it (with
-    # the rows before it kept); only the size of the longest duration matters for the key
-    d, _ = spec.quanta_table(int(N), round_to_grid=True)
+    # the rows before it kept); only the size of the longest duration matters for the key.  The table is
+    # built only up to 10^6 (its size grows with N): above, batch size 1's durations bound it from below.
+    N = int(N)
+    d, _ = spec.quanta_table(N if spec.batch_dependent and N <= 10 ** 6 else 1, round_to_grid=True)
     dmax = int(d.max())
-    need = dtmc.key_bits(spec.M, int(N), dmax)
+    need = dtmc.key_bits(spec.M, N, dmax)
     if need > dtmc.KEY_BITS:
         top = dtmc.max_packed_n(spec.M, dmax)
         raise StateSpaceTooLarge(f"{name} = {int(N):,} is beyond what the exact chain can hold: a state of this "

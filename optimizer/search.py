@@ -139,12 +139,13 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     """
     search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
+    if search == "exhaustive":
+        total = sum(F.count_feasible(n, spec.M) for n in Ns)
+        F.check_count(total, max_evaluations, M=spec.M)
     if Ns:  # an N the chain cannot hold fails before the smaller ones are computed, not after
         from optimizer.evaluate import check_representable
         check_representable(spec, max(Ns), name="max(Ns)")
     if search == "exhaustive":
-        total = sum(F.count_feasible(n, spec.M) for n in Ns)
-        F.check_count(total, max_evaluations, M=spec.M)
         if on_result is not None and executor is None and workers <= 1 and len(Ns) > 1:
             # one N at a time, so each row is reported when it is done (nothing to share out)
             res = []

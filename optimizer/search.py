@@ -188,8 +188,9 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
 
         w = len(order) if executor is not None else min(int(workers), len(order))
         with _Relay(on_result if executor is None else None) as relay:
-            parts = [(spec, order[i::w], common, relay.queue) for i in range(w)]
-            for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress):
+            parts = [(spec, order[i::w], common, relay.queue is not None) for i in range(w)]
+            for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress,
+                                 initializer=_set_relay, initargs=(relay.queue,)):
                 for o in res:
                     out[o.N] = o
                     if on_result is not None and executor is not None:
@@ -209,7 +210,8 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
 def _sweep_chain(payload) -> list[Optimum]:
     """Worker task of :func:`optimize_sweep`: the given N in increasing order, each started near the
     previous one's B* scaled to it (which only orders the work)."""
-    spec, Ns, common, queue = payload
+    spec, Ns, common, relayed = payload
+    queue = _WORKER_RELAY if relayed else None
     res: list[Optimum] = []
     prev = None
     last = None
@@ -223,6 +225,15 @@ def _sweep_chain(payload) -> list[Optimum]:
     return res
 
 
+_WORKER_RELAY = None  # in a sweep's worker process: the queue its finished N go on (set by _set_relay)
+
+
+def _set_relay(queue) -> None:
+    """Pool initializer of a sweep's workers: the relay queue, handed over at the process's start."""
+    global _WORKER_RELAY
+    _WORKER_RELAY = queue
+
+
 class _Relay:
     """A queue the sweep's worker processes put each finished N on, and a thread that hands every one to
     ``on_result`` in this process (nothing when ``on_result`` is None)."""
@@ -230,7 +241,7 @@ class _Relay:
     def __init__(self, on_result):
         self.on_result = on_result
         self.queue = None
-        self._manager = self._thread = None
+        self._thread = None
 
     def __enter__(self):
         if self.on_result is None:
@@ -238,8 +249,9 @@ class _Relay:
         import multiprocessing as mp
         import threading
 
-        self._manager = mp.get_context("spawn").Manager()
-        self.queue = self._manager.Queue()
+        # a plain queue handed to the workers at their start (no manager process: one more child that a
+        # Ctrl-C could reach while it imports)
+        self.queue = mp.get_context("spawn").Queue()
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
         return self
@@ -251,22 +263,29 @@ class _Relay:
             except (EOFError, OSError):
                 return
             if o is None:
-                return
+                break
             self.on_result(o)
+        # a worker's put goes through its feeder thread and may trail the task's result by a moment
+        import queue as _q
+        while True:
+            try:
+                o = self.queue.get(timeout=0.2)
+            except (_q.Empty, EOFError, OSError):
+                return
+            if o is not None:
+                self.on_result(o)
 
     def __exit__(self, *exc):
-        if self._manager is None:
+        if self.queue is None:
             return False
         try:
             self.queue.put(None)
             self._thread.join(timeout=30)
-        except Exception:  # the manager is gone (an interrupt reached it too): the sweep's own error stands
+        except Exception:  # an interrupt broke the queue: the sweep's own error stands
             pass
         finally:
-            try:
-                self._manager.shutdown()
-            except Exception:
-                pass
+            self.queue.close()
+            self.queue.cancel_join_thread()  # never wait on a feeder an interrupt left behind
         return False
 
 

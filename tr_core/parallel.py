@@ -26,12 +26,15 @@ def as_completed(executor, futures):
 
 def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=None,
               progress: Callable[[int, int], None] | None = None,
-              order: Sequence[int] | None = None) -> list:
+              order: Sequence[int] | None = None, initializer: Callable | None = None,
+              initargs: tuple = ()) -> list:
     """``[fn(p) for p in payloads]``, serially, on ``executor``, or on a pool of ``workers`` spawned processes.
 
     ``order``: the submission order (e.g. biggest tasks first so a pool ends
     evenly loaded); the result list is in payload order regardless.
-    ``progress(done, total)`` is called after each task.
+    ``progress(done, total)`` is called after each task.  ``initializer(*initargs)`` runs once in each
+    spawned worker (only for the pool made here; e.g. to hand it a ``multiprocessing`` queue, which may
+    be passed at a process's start but not with a task).
     """
     total = len(payloads)
     out: list = [None] * total
@@ -45,7 +48,8 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
     if executor is None:
         import concurrent.futures as cf
         import multiprocessing as mp
-        own = executor = cf.ProcessPoolExecutor(max_workers=min(workers, total), mp_context=mp.get_context("spawn"))
+        own = executor = cf.ProcessPoolExecutor(max_workers=min(workers, total), mp_context=mp.get_context("spawn"),
+                                          initializer=initializer, initargs=initargs)
     finished = False
     try:
         seq = range(total) if order is None else order

@@ -161,7 +161,7 @@ def test_model_index_beyond_cap_is_an_error(tmp_path):
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(TraceError, match="does not exist"):
         accumulate_trace(tmp_path / "nope.jsonl")
-    with pytest.raises(TraceError, match="directory"):
+    with pytest.raises(TraceError, match="is a folder, not a file"):
         accumulate_trace(tmp_path)
 
 

@@ -171,7 +171,9 @@ def test_deprecated_spellings_still_read(capsys):
     new = build_parser().parse_args(["compare", "--synthetic", "--warmup-s", "10", "--measure-s", "80", "--drain-s",
                                      "900", "--cold-age-s", "3", "--capacity-rps", "small=17", "--prices", "m.json",
                                      "--gap-s", "1.0,0.5"])
-    assert vars(old) == vars(new)
+    typed = {"_typed_flags"}  # what the user typed differs by design (messages name the spelling typed)
+    assert {k: v for k, v in vars(old).items() if k not in typed} == \
+        {k: v for k, v in vars(new).items() if k not in typed}
     for o, n in (("--warmup", "--warmup-s"), ("--measure", "--measure-s"), ("--drain", "--drain-s"),
                  ("--cold-age", "--cold-age-s"), ("--capacity", "--capacity-rps"), ("--models", "--prices"),
                  ("--gap", "--gap-s")):

@@ -35,6 +35,12 @@ ENV = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspat
 # --------------------------------------------------------------------------------------- the service, no HTTP
 
 
+
+def _sigint_default():
+    """The child takes Ctrl-C as a terminal would: a suite started as a background job (or under xdist)
+    may inherit SIGINT ignored, and the child would never see the signal these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 def _closed_loop_on_virtual_clock(N, table, duration_s, max_tokens=32, seed=0):
     """N clients calling RuntimeService.generate back to back on the virtual clock; tokens/s over the window."""
     from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
@@ -160,6 +166,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _server(args, timeout_s=60):
     proc = subprocess.Popen([sys.executable, "-m", "tr_model.autotune_cli", "serve", "--port", "0", *args],
+                            preexec_fn=_sigint_default,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         line = _readline(proc, timeout_s)
@@ -437,7 +444,7 @@ def test_ctrl_c_stops_serve_bench_at_once():
     _Stub.hits = 0
     with _stub("hang") as url:   # every request hangs: only the interrupt can end the run early
         proc = subprocess.Popen([sys.executable, "-m", "profiler.cli", "serve-bench", "--url", url, "--N", "3",
-                                 "--duration-s", "600", "--request-timeout-s", "600"], stdout=subprocess.PIPE,
+                                 "--duration-s", "600", "--request-timeout-s", "600"], preexec_fn=_sigint_default, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=ENV)
         deadline = time.monotonic() + 60
         while _Stub.hits < 3 and time.monotonic() < deadline:   # the clients' requests have arrived

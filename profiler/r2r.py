@@ -39,7 +39,6 @@ import io
 import json
 import math
 import os
-import stat
 import time
 import zlib
 from dataclasses import dataclass
@@ -105,16 +104,9 @@ def detect_format(path: str) -> str:
 
 
 def _check_regular(path: str) -> None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise TraceError(f"trace file {path!r} does not exist") from None
-    except (OSError, ValueError) as e:
-        raise TraceError(f"cannot read trace file {path!r}: {getattr(e, 'strerror', None) or e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise TraceError(f"trace file {path!r} is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise TraceError(f"trace file {path!r} is not a regular file (a device, pipe or socket)")
+    """The project's one regular-file rule (a FIFO is refused before it is opened), as a TraceError."""
+    from tr_core.fileio import require_regular_file
+    require_regular_file(path, "trace file", error=TraceError)
 
 
 # ----------------------------------------------------------------------------------------------- row readers

@@ -303,7 +303,7 @@ def test_a_fifo_a_folder_and_a_bom(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(TraceError, match="not a regular file"):
         read_r2r(str(fifo))  # refused before any open: nothing blocks
-    with pytest.raises(TraceError, match="is a directory"):
+    with pytest.raises(TraceError, match="is a folder, not a file"):
         read_r2r(str(tmp_path))
     p = tmp_path / "bom.csv"
     p.write_bytes("\ufeffsource_model,position\nquick,0\nreference,1\n".encode("utf-8"))

@@ -71,3 +71,33 @@ def test_cli_workers_and_cache(run_tool, tmp_path):
     assert key(one) == key(two) == key(again)
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--workers", "0")
     assert r.returncode == 2 and r.stderr.startswith("error: --workers")
+
+
+def _blocked_signals():
+    import signal
+    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="POSIX signal masks only")
+def test_ctrl_c_inside_a_worker_spawn_is_kept_not_lost():
+    """A Ctrl-C that lands while a pool worker is spawned is raised once the spawn ends (never discarded,
+    as it was with SIG_IGN), and the worker itself starts with SIGINT blocked."""
+    import multiprocessing as mp
+    import signal
+    from tr_core.parallel import _workers_ignore_sigint
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker may run with it ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _workers_ignore_sigint(True):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the signal must not arrive inside the window
+                    pass
+                inside = True
+        assert inside
+        with _workers_ignore_sigint(True):
+            with mp.get_context("spawn").Pool(1) as pool:
+                child_blocked = pool.apply(_blocked_signals)
+        assert int(signal.SIGINT) in child_blocked
+        assert int(signal.SIGINT) not in _blocked_signals()
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -81,28 +81,42 @@ def _may_spawn(executor) -> bool:
 
 
 class _workers_ignore_sigint:
-    """Spawn pool workers with SIGINT ignored (an ignored signal survives exec; a handled one does not).
+    """Spawn pool workers that never see SIGINT, without losing a Ctrl-C meant for the parent.
 
     Ctrl-C on a terminal reaches the whole process group: a worker still importing the package would print
     a KeyboardInterrupt traceback.  The parent alone reads the interrupt and stops the workers
-    (:func:`_stop`).  A Ctrl-C that lands in the spawn itself (milliseconds) is lost; only the main thread
+    (:func:`_stop`).  Where the platform can, SIGINT is *blocked* in the spawning thread for the spawn: the
+    mask survives fork and exec, so the worker starts with it blocked (as CPython's own resource tracker
+    does), while in the parent a Ctrl-C that lands inside the spawn stays pending and is raised the moment
+    the mask is restored (setting SIG_IGN instead would discard it, and the run would go on).  Elsewhere
+    SIG_IGN is the fallback (an ignored signal survives exec; a handled one does not); only the main thread
     can set a handler.
     """
 
     def __init__(self, active: bool):
+        import signal
         import threading
-        self.active = active and threading.current_thread() is threading.main_thread()
+        self.mask = active and hasattr(signal, "pthread_sigmask")
+        self.active = active and not self.mask and threading.current_thread() is threading.main_thread()
         self.old = None
 
     def __enter__(self):
-        if self.active:
-            import signal
+        import signal
+        if self.mask:
+            # the first spawn starts multiprocessing's resource tracker, which unblocks SIGINT in this thread
+            # after its own spawn: start it before the mask is set
+            from multiprocessing import resource_tracker
+            resource_tracker.ensure_running()
+            self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        elif self.active:
             self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         return self
 
     def __exit__(self, *exc):
-        if self.active:
-            import signal
+        import signal
+        if self.mask:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)  # a pending Ctrl-C is raised here
+        elif self.active:
             signal.signal(signal.SIGINT, self.old)
         return False
 

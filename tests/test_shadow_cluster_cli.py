@@ -210,6 +210,11 @@ def test_deprecated_spellings_still_read(capsys):
     (["compare", "--synthetic", "--windows", "noon"], "window"),
     (["compare", "--synthetic", "--workers", "99999"], "--workers"),
     (["compare", "--synthetic", "--out", "/"], "folder"),
+    (["simulate", "--synthetic", "--credit-gate", "1.5"], "--credit-gate"),
+    (["simulate", "--synthetic", "--credit-gate", "-0.1"], "--credit-gate"),
+    (["compare", "--synthetic", "--credit-gate", "often"], "--credit-gate"),
+    (["simulate", "--synthetic", "--session-draw", "random"], "--session-draw"),
+    (["compare", "--synthetic", "--session-draw"], "--session-draw"),
     (["nope"], "invalid choice"),
     ([], "required"),
 ])
@@ -239,3 +244,60 @@ def test_oversized_run_refused_before_it_starts(capsys, cmd, extra):
     assert rc == 3 and out == "", err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: one run would simulate about") and "--max-requests" in lines[0]
+
+
+# ------------------------------------------------------------------ --credit-gate and --session-draw (issue 26)
+
+def _sim_json(capsys, *extra):
+    rc, out, err = _main(capsys, "simulate", *BASE, "--approach", "Harvest-SLO", "--format", "json", *extra)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+_SAME = ("calls", "switch_calls", "mean_call_latency_s", "mean_switch_latency_s", "shadow_tokens", "hit_rate")
+
+
+def test_credit_gate_and_session_draw_reach_the_simulator(capsys):
+    from dataclasses import replace
+
+    from shadow_prefill.cli import build_parser
+    from shadow_prefill.cluster.cli import _setup
+    from shadow_prefill.cluster.sim import Scenario, simulate_cluster
+    default = _sim_json(capsys)
+    assert default["config"]["credit_gate"] == 0.25 and default["scenario"]["session_draw"] == "shuffle"
+    explicit = _sim_json(capsys, "--credit-gate", "0.25", "--session-draw", "shuffle")
+    assert {k: explicit["summary"][k] for k in _SAME} == {k: default["summary"][k] for k in _SAME}
+    # every routed-step credit (gate 0) vs none (gate 1): the same sessions, different shadow work and latencies
+    g0 = _sim_json(capsys, "--credit-gate", "0")
+    g1 = _sim_json(capsys, "--credit-gate", "1")
+    assert g0["config"]["credit_gate"] == 0.0 and g1["config"]["credit_gate"] == 1.0
+    assert g0["summary"]["calls"] == g1["summary"]["calls"]
+    assert g0["summary"]["mean_call_latency_s"] != g1["summary"]["mean_call_latency_s"]
+    # in-order replays the pool's first sessions: a different draw from the default shuffle
+    io_ = _sim_json(capsys, "--session-draw", "in-order", "--credit-gate", "0")
+    assert io_["scenario"]["session_draw"] == "in-order"
+    assert io_["summary"]["calls"] != g0["summary"]["calls"]
+    # the CLI run is the Python API's run with the same fields
+    args = build_parser().parse_args(["simulate", *BASE, "--credit-gate", "0", "--session-draw", "in-order"])
+    ss, config, sizes, cap = _setup(args)
+    assert config.credit_gate == 0.0
+    sc = Scenario(rho=0.7, warmup_s=10.0, measure_s=80.0, drain_s=900.0, session_draw="in-order")
+    api = simulate_cluster(ss, config, "Harvest-SLO", sc, sizes, cap).summary()
+    assert api["mean_call_latency_s"] == io_["summary"]["mean_call_latency_s"]
+    assert api["calls"] == io_["summary"]["calls"]
+    api_shuffle = simulate_cluster(ss, config, "Harvest-SLO", replace(sc, session_draw="shuffle"), sizes, cap)
+    assert api_shuffle.summary()["mean_call_latency_s"] == g0["summary"]["mean_call_latency_s"]
+
+
+def test_credit_gate_sweep(capsys):
+    rc, out, err = _main(capsys, "compare", *BASE, "--sweep", "credit-gate", "0", "1", "--sim-seeds", "0",
+                         "--windows", "peak", "--approaches", "Harvest-SLO", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["sweep"] == {"param": "credit-gate", "values": [0.0, 1.0]}
+    hs = {x["value"]: x for x in doc["results"] if x["approach"] == "Harvest-SLO"}
+    assert hs[0.0]["shadow_tokens"] != hs[1.0]["shadow_tokens"]
+    rc, out, err = _main(capsys, "compare", *BASE, "--sweep", "credit-gate", "0.5", "2", "--sim-seeds", "0",
+                         "--windows", "peak", "--approaches", "Harvest-SLO")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and "credit_gate" in lines[0], err

@@ -38,7 +38,7 @@ from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, s
 from shadow_prefill.cluster.policies import APPROACH_NAMES, get_policy
 from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, simulate_cluster
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
-from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, read_azure_trace, synthetic_request_sizes
+from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, SESSION_DRAWS, read_azure_trace, synthetic_request_sizes
 from shadow_prefill.errors import ShadowError, ShadowResourceLimit
 from shadow_prefill.workload_args import add_workload_args, clean, dumps_document, int_at_least, latency_models, \
     name_values, number, synthetic_params, workload_from_args
@@ -52,7 +52,8 @@ _DEFAULT_ALIAS = {"small": DEFAULT_PAIR[0], "large": DEFAULT_PAIR[1]}
 SWEEP_FLAGS: dict[str, str] = {
     "load": "rho", "session-rate": "session_rate", "slo-scale": "slo_scale", "shadow-kv-cap": "shadow_kv_cap",
     "cold-age-s": "cold_age_s", "host-gb": "host_gb_per_gpu", "beta": "beta", "chunk": "chunk_tokens",
-    "n-min": "n_min", "margin": "margin", "delta": "delta", "models-per-router": "models_per_router",
+    "n-min": "n_min", "margin": "margin", "delta": "delta", "credit-gate": "credit_gate",
+    "models-per-router": "models_per_router",
 }
 _SWEEP_NAME = {v: k for k, v in SWEEP_FLAGS.items()}  # old --sweep PARAM=... names -> the flag name
 
@@ -89,6 +90,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="minimum shadow chunk, tokens (default 256)")
     c.add_argument("--cache-normal-requests", action="store_true",
                    help="keep finished normal requests as (never-hit) prefix-cache entries")
+    c.add_argument("--credit-gate", metavar="PROB", type=number(0, 1), default=ClusterConfig().credit_gate,
+                   help="Harvest-SLO's routed-step credit (C2) goes only to shadow jobs whose predicted probability "
+                        "that the session's next call goes to their model is at least PROB, a probability in [0, 1] "
+                        "(0: every job, the paper's rule; default 0.25, Predictive's threshold)")
     t = p.add_argument_group("normal traffic and run")
     t.add_argument("--traffic", metavar="CSV", help="request sizes from an Azure LLM inference trace CSV "
                                                     "(TIMESTAMP,ContextTokens,GeneratedTokens); default: synthetic "
@@ -100,6 +105,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "repeatable)")
     t.add_argument("--session-rate", type=number(0, 1e6, lo_open=True), default=0.2,
                    help="routed sessions started per second (default 0.2)")
+    t.add_argument("--session-draw", choices=SESSION_DRAWS, default=Scenario().session_draw,
+                   help="which sessions of the pool each seed replays: shuffle (a random draw per seed, the same "
+                        "for every approach of that seed) or in-order (the pool's first sessions for every seed, "
+                        "as before issue 26) (default shuffle)")
     t.add_argument("--warmup-s", dest="warmup", metavar="S", type=number(0, 1e7), default=120.0,
                    help="warm-up seconds before the measured window (default 120)")
     t.add_argument("--measure-s", dest="measure", metavar="S", type=number(0, 1e7, lo_open=True), default=600.0,
@@ -127,7 +136,7 @@ def _config_from_args(args, ss) -> ClusterConfig:
                          max_seqs=args.max_seqs, host_gb_per_gpu=args.host_gb, slo_scale=args.slo_scale,
                          beta=args.beta, margin=args.margin, n_min=args.n_min, cold_age_s=args.cold_age,
                          shadow_kv_cap=args.shadow_kv_cap, prices=prices,
-                         cache_normal_requests=args.cache_normal_requests)
+                         cache_normal_requests=args.cache_normal_requests, credit_gate=args.credit_gate)
 
 
 def _capacity(args, ss):
@@ -283,7 +292,8 @@ def cmd_simulate(args) -> int:
         cap = calibrated_capacities(config, sizes)  # cached: the run below reuses it
     _check_run_size(args, ss, config, cap, [window])
     sc = Scenario(rho=args.load, window=window, warmup_s=args.warmup, measure_s=args.measure,
-                  drain_s=args.drain, session_rate=args.session_rate, seed=args.sim_seed)
+                  drain_s=args.drain, session_rate=args.session_rate, seed=args.sim_seed,
+                  session_draw=args.session_draw)
     run = simulate_cluster(ss, config, policy, sc, sizes, cap)
     s = clean(run.summary())
     s["measured_calls"] = s["calls"] + s["unfinished_calls"]
@@ -441,7 +451,7 @@ def cmd_compare(args) -> int:
         except (OSError, ValueError, TypeError) as e:
             raise ShadowError(f"--dask: cannot connect to {args.dask!r}: {e}") from None
     sc = Scenario(rho=args.load, warmup_s=args.warmup, measure_s=args.measure, drain_s=args.drain,
-                  session_rate=args.session_rate)
+                  session_rate=args.session_rate, session_draw=args.session_draw)
     progress = Progress("runs", enabled=False if args.quiet else None)
     doc: dict = {"schema_version": 1, "kind": "shadow_cluster_comparison", "tool": "tr-shadow compare",
                  "scenario": vars(sc), "seeds": seeds, "windows": windows, "capacity_rps": list(cap),

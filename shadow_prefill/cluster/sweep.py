@@ -11,7 +11,8 @@ Swept parameters (:data:`SWEEP_PARAMS`): ``rho`` (normal-traffic load),
 ``slo_scale`` (SLO strictness, provisioning fixed at the default SLOs as in
 the paper), ``shadow_kv_cap``, ``cold_age_s``, ``session_rate``,
 ``host_gb_per_gpu``, ``beta``, ``delta`` (the approaches' credit rate),
-``chunk_tokens``, ``n_min``; models per router is
+``chunk_tokens``, ``n_min``, ``margin``, ``credit_gate`` (Harvest-SLO's gate on the routed-step credit);
+models per router is
 :func:`sweep_models_per_router` (it changes the workload and the cluster);
 context length is a breakdown of one grid
 (:func:`shadow_prefill.cluster.metrics.reduction_by_context`).
@@ -39,7 +40,7 @@ __all__ = ["run_grid", "sweep", "sweep_models_per_router", "calibrated_capacitie
 DEFAULT_WINDOW_NAMES = ("peak", "median", "trough")
 _SCENARIO_PARAMS = ("rho", "session_rate")
 _CONFIG_PARAMS = ("slo_scale", "shadow_kv_cap", "cold_age_s", "host_gb_per_gpu", "beta", "chunk_tokens", "n_min",
-                  "margin")
+                  "margin", "credit_gate")
 SWEEP_PARAMS = _SCENARIO_PARAMS + _CONFIG_PARAMS + ("delta",)
 
 

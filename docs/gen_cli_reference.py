@@ -89,7 +89,7 @@ def render() -> str:
         "- `--version` on every command; old flag spellings are hidden aliases that print "
         "`note: --old is deprecated; use --new`;",
         "- exit codes: 0 ok; 2 bad input, reported as one line on stderr starting `error:` (argparse's own "
-        "errors too, no usage block); 3 a resource limit (`--max-states`, `--max-evaluations`); 130 "
+        "errors too, no usage block); 3 a resource limit (`--max-states`, `--max-evaluations`, `--max-hours`: an estimate of the time, before any work); 130 "
         "interrupted (`error: interrupted`, nothing half-written).\n",
         "Formats of the files they read and write: [formats.md](formats.md).\n",
         "| command | purpose |",

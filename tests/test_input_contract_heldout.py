@@ -284,8 +284,7 @@ def here2(here):
     return here
 
 
-NOT_CLEAN = {"optimize certified --N 1-2047": "every N fits the chain, so nothing refuses it; hours of work with "
-                                               "no size estimate up front (benchmarks/RESULTS.md)"}
+NOT_CLEAN: dict = {}  # was: "optimize certified --N 1-2047" (hours of work, now refused with its estimate)
 
 
 @pytest.mark.parametrize("case", sorted(CASES_2))

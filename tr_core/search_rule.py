@@ -22,6 +22,8 @@ AUTO_EXHAUSTIVE_MAX = 210
 # core, against 12 / 23 / 69 s certified; benchmarks/RESULTS.md "search", round 3); certified above
 AUTO_PRUNED_MAX = 8256
 AUTO_PRUNED_M = 2
+# a sweep estimated (optimizer.cost) above this many hours of one core is refused before any work (exit 3)
+DEFAULT_MAX_HOURS = 24.0
 
 
 def _count(N: int, M: int) -> int:

@@ -395,7 +395,8 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
          cache_dir: str | os.PathLike | None = None, background: bool = False, solver: str = "auto",
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
          search: str = "auto", max_gap: float | None = None, max_evaluations: int | None = None,
-         time_budget_per_n_s: float | None = None, worker_lock: str | None = None, worker_token: str | None = None,
+         time_budget_per_n_s: float | None = None, max_hours: float | None = None,
+         worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
          clock: Callable[[], float] = time.monotonic) -> ThresholdTable:
@@ -407,6 +408,10 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     without it, it runs here until done.  ``keep_on_write_error``: when
     ``out`` cannot be written, log one line and return the computed table
     from memory instead of raising (the old file, if any, is left intact).
+    ``max_hours``: refuse (:class:`tr_core.errors.WorkTooLarge`, exit code 3) before computing rows whose
+    time, estimated by :mod:`optimizer.cost`, is above this many hours of one core (a file or cache entry
+    that already holds them is reused whatever the estimate; ``time_budget_s`` in the foreground bounds the
+    work instead); ``None``: no limit.
     """
     t_start = clock()
     if not isinstance(spec, SystemSpec):
@@ -446,11 +451,32 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
         if cur is not None and cur.get("inputs_sha256") == h:
             # a worker is already completing this very table: serve what it has written so far
             return ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
+    if max_hours is not None and worker_lock is None and (time_budget_s is None or background):
+        _check_hours(spec, max_concurrency, len(_computed(doc["entries"])) if doc else 0, opts, max_hours)
     if time_budget_s is None or worker_lock is not None:
         return _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token,
                              progress, write_interval_s, keep_on_write_error)
     return _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, t_start + time_budget_s,
                                   time_budget_s, background, keep_on_write_error, clock)
+
+
+def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mapping[str, Any], max_hours: float):
+    """Refuse rows ``done + 1 .. max_concurrency`` when their estimated time is above ``max_hours``."""
+    if isinstance(max_hours, bool) or not isinstance(max_hours, (int, float)) or not max_hours > 0 \
+            or not math.isfinite(max_hours):
+        raise SpecError(f"max_hours must be > 0 hours, got {max_hours!r}")
+    if done >= max_concurrency:
+        return
+    from optimizer.cost import check_sweep_seconds, sweep_seconds
+    span = [(done + 1, int(max_concurrency))]
+    per_n = opts.get("time_budget_per_n_s")
+    if per_n is not None and sweep_seconds(spec.M, span, opts["search"]) > per_n * (max_concurrency - done):
+        return  # bounded by the budget per N
+    check_sweep_seconds(spec.M, span, opts["search"], max_hours, limit_name="max_hours",
+                        what=f"max_concurrency = {max_concurrency:,}: computing the rows N = "
+                        f"{done + 1:,}..{max_concurrency:,}",
+                        advice="lower it, give time_budget_s (the rows come as time allows, the rest "
+                        "extrapolated), or raise max_hours")
 
 
 def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token, progress,

@@ -85,6 +85,10 @@ def _add_run(sub) -> None:
                    f"row's throughput and the proven upper bound (default {DEFAULT_MAX_GAP:g})")
     t.add_argument("--max-evaluations", type=int, metavar="K", help="refuse an N whose search would solve more "
                    "chains than this (exit code 3)")
+    from tr_core.search_rule import DEFAULT_MAX_HOURS
+    t.add_argument("--max-hours", type=float, default=DEFAULT_MAX_HOURS, metavar="H", help="refuse rows whose "
+                   "time, estimated before any work from the rates measured for two models (one core), is above "
+                   "this many hours (default %(default)g; exit code 3; not with --time-budget-s in the foreground)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
                    "summary (json: the thresholds file itself)")
     add_quiet_arg(t)
@@ -276,7 +280,7 @@ def _why_partial(table) -> str | None:
 def _tune_options(a) -> dict:
     """tune()'s options that the user set (defaults are the tuner's own)."""
     kw = dict(time_budget_s=a.time_budget_s, cache_dir=a.cache_dir, background=a.background, solver=a.solver,
-              tol=a.tol, max_states=a.max_states)
+              tol=a.tol, max_states=a.max_states, max_hours=a.max_hours)
     for name in ("search", "max_evaluations", "max_gap"):
         if getattr(a, name) is not None:
             kw[name] = getattr(a, name)
@@ -286,7 +290,7 @@ def _tune_options(a) -> dict:
 # tune()'s keywords -> the dest of the flag that carries each
 TUNE_FIELDS = {"max_concurrency": "N", "time_budget_s": "time_budget_s", "cache_dir": "cache_dir", "solver": "solver",
                "tol": "tol", "max_states": "max_states", "search": "search", "max_gap": "max_gap",
-               "max_evaluations": "max_evaluations", "out": "thresholds"}
+               "max_evaluations": "max_evaluations", "max_hours": "max_hours", "out": "thresholds"}
 
 
 def _cmd_run(a) -> int:
@@ -308,9 +312,14 @@ def _cmd_run(a) -> int:
     if not a.quiet:
         for line in system.notes():
             note(line)
-    with fields_as_flags(a, TUNE_FIELDS):  # a library error names its field: say the flag instead
-        table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
-                              **_tune_options(a))
+    from tr_core.errors import WorkTooLarge
+    try:
+        with fields_as_flags(a, TUNE_FIELDS):  # a library error names its field: say the flag instead
+            table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
+                                  **_tune_options(a))
+    except WorkTooLarge as e:  # the estimate's limit and way out are named after the library's keyword
+        e.args = (str(e).replace("max_hours", "--max-hours").replace("time_budget_s", "--time-budget-s"),)
+        raise
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)

@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from tr_core.cli import (IntRanges, Parser, Progress, add_list_arg, add_output_args, add_quiet_arg, add_version, emit, format_gain,
                          format_table, note, output_format, parse_int_list, run_cli, to_csv)
 from tr_core.errors import SpecError, StateSpaceTooLarge
-from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_SEARCH, SEARCHES,
-                                 largest_n, search_help)
+from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_MAX_HOURS,
+                                 DEFAULT_SEARCH, SEARCHES, largest_n, search_help)
 from tr_core.spec import spec_to_dict
 from tr_core.system_args import System, add_system_args, build_system
 
 OUTPUT_SCHEMA_VERSION = 1
 DEFAULT_NS = [1, 2, 4, 8, 16]
 DEFAULT_MAX_EVALUATIONS = 1_000_000
+LONG_SWEEP_S = 600.0  # a sweep estimated above this (one core) is announced with its estimate
 LONG_SWEEP_CHAINS = 200  # a sweep with more chains than this (or a bounded search) reports each N on stderr
 
 # keys every result row carries, whichever method produced it (None where a method has no value)
@@ -44,7 +45,7 @@ def build_parser() -> Parser:
                      "token-level routed LLM system (TokenRouter model, exact Markov chain). "
                      "Latencies are per decoding step in milliseconds; throughput is committed output "
                      "tokens per second summed over the N concurrent requests."),
-        epilog="Exit codes: 0 ok, 2 bad input, 3 a resource limit (--max-states, --max-evaluations), "
+        epilog="Exit codes: 0 ok, 2 bad input, 3 a resource limit (--max-states, --max-evaluations, --max-hours), "
                "130 interrupted. Conventions: docs/cli-convention.md.")
     add_version(p)
     g = add_system_args(p, title="system (one of --p/--algo, --weights, --spec)")
@@ -94,6 +95,10 @@ def _add_search_args(p) -> None:
     s.add_argument("--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS, metavar="K",
                    help="refuse a sweep that would solve more chains (or run more simulations) than this, "
                    "counted before any work (default %(default)s; exit code 3)")
+    s.add_argument("--max-hours", type=float, default=DEFAULT_MAX_HOURS, metavar="H",
+                   help="refuse a sweep whose time, estimated before any work from the rates measured for two "
+                   "models (one core; the simulator's search: --sim-budget-s per N), is above this many hours "
+                   "(default %(default)g; exit code 3)")
     s.add_argument("--workers", default="auto", metavar="K", help="local worker processes for the search "
                    "(default auto: the machine's cores when the sweep has more than 200 chains to evaluate, "
                    "else 1; results are identical for any K)")
@@ -125,6 +130,7 @@ class Plan:
     all: bool = False
     check_delta: bool = False
     dask: str | None = None
+    estimate_s: float | None = None  # the sweep's estimated one-core seconds (a search), None for --B
 
 
 def _exhaustive_count(M: int, Ns: IntRanges) -> int:
@@ -183,6 +189,8 @@ def _check_numbers(a) -> None:
         raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
     if a.max_evaluations < 1:
         raise SpecError(f"--max-evaluations must be >= 1, got {a.max_evaluations}")
+    if not (a.max_hours > 0) or not math.isfinite(a.max_hours):
+        raise SpecError(f"--max-hours must be > 0 hours, got {a.max_hours:g}")
     if a.trace and a.method == "exact":
         raise SpecError("--trace drives the simulator: use it with --method simulate or auto")
     if not (a.sim_budget_s > 0) or not math.isfinite(a.sim_budget_s):
@@ -200,6 +208,30 @@ def _check_numbers(a) -> None:
         check_plot_path(a.plot)  # a bad extension or folder fails before any work
         if a.B is not None:
             raise SpecError("--plot draws a search over B; drop --B")
+
+
+def _check_hours(a, M: int, Ns: IntRanges) -> float | None:
+    """The sweep's estimated one-core seconds; refused (exit code 3, with the estimate) above --max-hours.
+
+    Exact searches: :func:`optimizer.cost.check_sweep_seconds`.  The simulator's search is bounded by
+    ``--sim-budget-s`` per N; ``--method auto`` runs whichever is cheaper for an N (the exact chain when it
+    fits), so the smaller of the two counts.  One vector per N (``--B``) is bounded by ``--max-states``.
+    """
+    if a.B is not None:
+        return None
+    from optimizer.cost import check_sweep_seconds, describe_seconds, sweep_seconds
+    from tr_core.errors import WorkTooLarge
+    sim_s = a.sim_budget_s * len(Ns)
+    if a.method == "exact":
+        return check_sweep_seconds(M, Ns.spans, a.search, a.max_hours, what=f"--N up to {Ns.max:,}",
+                                   limit_name="--max-hours", advice="lower N, sweep fewer values of N (e.g. 64 128 "
+                                   "256), use --method simulate, or raise --max-hours")
+    est = sim_s if a.method == "simulate" else min(sim_s, sweep_seconds(M, Ns.spans, a.search))
+    if est > a.max_hours * 3600.0:
+        raise WorkTooLarge(f"--N: {len(Ns):,} values of N at --sim-budget-s {a.sim_budget_s:g} each is "
+                           f"{describe_seconds(est)}, more than --max-hours = {a.max_hours:g}; sweep fewer values "
+                           f"of N, lower --sim-budget-s, or raise --max-hours")
+    return est
 
 
 def _refuse_dropped(a) -> None:
@@ -271,6 +303,7 @@ def validate(a) -> Plan:
     if a.method == "exact":
         from optimizer.evaluate import check_representable
         check_representable(system.spec, Ns.max, name="--N")
+    estimate_s = _check_hours(a, M, Ns)  # after the hard limits: what cannot be done is said as such
     max_states = a.max_states
     if max_states is None:
         import dtmc
@@ -286,7 +319,17 @@ def validate(a) -> Plan:
     return Plan(system=system, Ns=Ns, B=tuple(a.B) if a.B is not None else None, method=a.method,
                 search=search, workers=_parse_workers(a.workers, _exhaustive_count(M, Ns)), kw=kw, sim=sim,
                 roundings=_grid_roundings(system, Ns, a.method), all=a.all, check_delta=a.check_delta,
-                dask=a.dask)
+                dask=a.dask, estimate_s=estimate_s)
+
+
+def estimate_note(plan: Plan) -> str | None:
+    """The sweep's size, said up front when it is long (estimated above ``LONG_SWEEP_S``); None otherwise."""
+    if plan.estimate_s is None or plan.estimate_s <= LONG_SWEEP_S:
+        return None
+    from optimizer.cost import describe_seconds
+    how = "each N is reported as it completes" if _long_sweep(plan) else "a progress bar shows on a terminal"
+    return (f"this sweep is estimated at {describe_seconds(plan.estimate_s)} of one core (at the rates measured "
+            f"for two models); {how}")
 
 
 def _rounding_notes(roundings: list[dict], M: int) -> list[str]:
@@ -667,6 +710,8 @@ def main_impl(argv=None) -> int:
     if speak:
         for line in plan.system.notes() + _rounding_notes(plan.roundings, plan.system.spec.M):
             note(line)
+        if estimate_note(plan):
+            note(estimate_note(plan))
         if (plan.search["search"] == "auto" and plan.B is None and plan.method == "exact"
                 and [name for name, _ in _auto_spans(plan.system.spec.M, plan.Ns)] != ["exhaustive"]):
             note(_auto_note(plan.system.spec.M, plan.Ns))

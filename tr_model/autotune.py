@@ -70,8 +70,8 @@ from tr_core.cli import is_interrupt
 from tr_core import search_rule as S_RULE
 from tr_core.errors import SolverFailed, SpecError, StateSpaceTooLarge, TRError
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
-from tr_model.thresholds import (THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION, ThresholdFileError, ThresholdTable,
-                                 canonical_sha256, spec_sha256)
+from tr_model.thresholds import (POLICY_SCHEMA_VERSION, THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION,
+                                 ThresholdFileError, ThresholdTable, canonical_sha256, spec_sha256)
 
 TOOL = "tr-autotune"
 SEARCHES = S_RULE.SEARCHES
@@ -101,8 +101,12 @@ def _first_line(e: BaseException) -> str:
 
 def solver_options(solver: str = "auto", tol: float | None = None, max_states: int | None = None,
                    round_to_grid: bool = False, search: str = "auto", max_gap: float = S_RULE.DEFAULT_MAX_GAP,
-                   max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> dict:
+                   max_evaluations: int | None = None, time_budget_per_n_s: float | None = None,
+                   policy: str | None = None, policy_max_n: int | None = None) -> dict:
     """The options of the per-N optimization (part of the inputs hash).
+
+    ``policy``: also search this compact launch-policy class (``busy``, ``residual``) at every
+    N <= ``policy_max_n`` (default: every N) and write a schema-version-3 file (:mod:`tr_model.launch_policy`).
 
     ``time_budget_per_n_s``: stop each N's certified search after this many
     seconds; the row is then certified with whatever gap its bounds reached
@@ -123,15 +127,26 @@ def solver_options(solver: str = "auto", tol: float | None = None, max_states: i
             "search": search, "max_gap": float(max_gap), "max_evaluations": max_evaluations}
     if time_budget_per_n_s is not None:  # absent when unset: the hash of earlier tables stays valid
         opts["time_budget_per_n_s"] = float(time_budget_per_n_s)
+    if policy is not None:  # likewise
+        from tr_model.launch_policy import check_policy_class
+        opts["policy"] = check_policy_class(policy)
+        if policy_max_n is not None:
+            if isinstance(policy_max_n, bool) or not isinstance(policy_max_n, int) or policy_max_n < 1:
+                raise SpecError(f"policy_max_n must be an integer >= 1, got {policy_max_n!r}")
+            opts["policy_max_n"] = int(policy_max_n)
+    elif policy_max_n is not None:
+        raise SpecError("policy_max_n applies with a policy class (policy = 'busy' or 'residual')")
     return opts
 
 
 def inputs_sha256(spec: SystemSpec, max_concurrency: int, options: Mapping[str, Any] | None = None) -> str:
     """Hash of everything that determines the table (see the module docstring)."""
     doc = {k: v for k, v in spec_to_dict(spec).items() if k != "provenance"}
+    opts = dict(options or solver_options())
     return canonical_sha256({"spec": doc, "max_concurrency": int(max_concurrency), "tool": TOOL,
-                             "tool_version": _tool_version(), "schema_version": THRESHOLDS_SCHEMA_VERSION,
-                             "options": dict(options or solver_options())})
+                             "tool_version": _tool_version(),
+                             "schema_version": POLICY_SCHEMA_VERSION if opts.get("policy") else
+                             THRESHOLDS_SCHEMA_VERSION, "options": opts})
 
 
 def _computed(entries: list) -> list:
@@ -144,19 +159,28 @@ def _computed(entries: list) -> list:
     return out
 
 
-def _extrapolated(computed: list, max_concurrency: int, M: int) -> list:
-    """Rows N = K+1..max_concurrency copying B*(K), K the largest computed N (all ones when none is)."""
+def _extrapolated(computed: list, max_concurrency: int, M: int, policy: str | None = None) -> list:
+    """Rows N = K+1..max_concurrency copying B*(K), K the largest computed N (all ones when none is); with a
+    policy class, their policy is that vector."""
     if computed:
         k, b = computed[-1]["active_requests"], list(computed[-1]["thresholds"])
     else:
         k, b = None, [1] * M
-    return [{"active_requests": n, "thresholds": list(b), "certificate": "extrapolated", "extrapolated_from": k}
-            for n in range(len(computed) + 1, max_concurrency + 1)]
+    extra = {}
+    if policy is not None:
+        from tr_model.launch_policy import threshold_row_fields
+        extra = threshold_row_fields(policy, b)
+    return [{"active_requests": n, "thresholds": list(b), "certificate": "extrapolated", "extrapolated_from": k,
+             **extra} for n in range(len(computed) + 1, max_concurrency + 1)]
 
 
 def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *, inputs_hash: str,
-                        provenance: Mapping[str, Any] | None = None) -> dict:
-    """The thresholds file's JSON document: the computed rows, then extrapolated rows up to max_concurrency."""
+                        provenance: Mapping[str, Any] | None = None, policy: str | None = None,
+                        round_to_grid: bool = False) -> dict:
+    """The thresholds file's JSON document: the computed rows, then extrapolated rows up to max_concurrency.
+
+    ``policy``: a compact launch-policy class; the document is then schema version 3 with the top-level
+    ``policy`` object, and every computed row must carry its policy fields (:mod:`tr_model.launch_policy`)."""
     computed = _computed(entries)
     sdoc = spec_to_dict(spec)
     prov = {"tool": TOOL, "tool_version": _tool_version(), "inputs_sha256": inputs_hash}
@@ -170,8 +194,8 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
     prov["certificates"] = {c: sum(1 for e in computed if e.get("certificate") == c)
                             for c in sorted({e.get("certificate") for e in computed if e.get("certificate")})}
     prov["compute_seconds"] = float(sum(e.get("seconds", 0.0) for e in computed))
-    return {
-        "schema_version": THRESHOLDS_SCHEMA_VERSION,
+    doc = {
+        "schema_version": THRESHOLDS_SCHEMA_VERSION if policy is None else POLICY_SCHEMA_VERSION,
         "format": THRESHOLDS_FORMAT,
         "num_models": spec.M,
         "model_names": list(spec.model_names) if spec.model_names else None,
@@ -181,9 +205,19 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
         "max_concurrency": int(max_concurrency),
         "complete": len(computed) == max_concurrency,
         "fallback_thresholds": [1] * spec.M,
-        "entries": computed + _extrapolated(computed, max_concurrency, spec.M),
+        "entries": computed + _extrapolated(computed, max_concurrency, spec.M, policy),
         "provenance": prov,
     }
+    if policy is not None:
+        from tr_model.launch_policy import policy_header
+        doc["policy"] = policy_header(spec, policy, max_concurrency, round_to_grid=round_to_grid)
+        searched = [e for e in computed if e.get("policy_certificate") == "local"]
+        prov["policy"] = {"class": policy, "searched_rows": len(searched),
+                          "search": "steepest ascent over the class from B*(N) (exact values, not proven "
+                                    "optimal within the class)",
+                          "max_gain": max((e["policy_predicted_tok_s"] / e["predicted_tok_s"] - 1.0
+                                           for e in searched if e.get("predicted_tok_s")), default=None)}
+    return doc
 
 
 def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
@@ -281,6 +315,28 @@ def _optimize(spec: SystemSpec, n: int, opts: Mapping[str, Any], start=None, pol
     if opts["search"] == "local":
         return S.optimize_local(spec, n, start=start, **kw)
     return S.optimize_thresholds(spec, n, **kw)
+
+
+def _doc_policy(opts: Mapping[str, Any]) -> dict:
+    """thresholds_document's policy keywords for these options."""
+    if not opts.get("policy"):
+        return {}
+    return {"policy": opts["policy"], "round_to_grid": bool(opts.get("round_to_grid"))}
+
+
+def _policy_fields(spec: SystemSpec, n: int, B, opts: Mapping[str, Any]) -> dict:
+    """A row's policy fields: the class searched from B*(n) up to policy_max_n, the plain B*(n) above."""
+    from tr_model.launch_policy import class_policy, threshold_row_fields
+    top = opts.get("policy_max_n")
+    if top is not None and n > top:
+        return threshold_row_fields(opts["policy"], B)
+    from optimizer.policy import PolicyTooLarge
+    try:
+        res = class_policy(spec, n, opts["policy"], B, round_to_grid=bool(opts.get("round_to_grid")))
+    except PolicyTooLarge as e:  # the row keeps B*(n) as its policy, and says it was not searched
+        log.warning("tr-autotune: N = %d: %s; the row's policy is B*(N)", n, _first_line(e))
+        return threshold_row_fields(opts["policy"], B)
+    return {**res.row_fields(), "policy_seconds": res.seconds}
 
 
 def _load_matching(path: str, inputs_hash: str) -> dict | None:
@@ -396,6 +452,7 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
          tol: float | None = None, max_states: int | None = None, round_to_grid: bool = False,
          search: str = "auto", max_gap: float | None = None, max_evaluations: int | None = None,
          time_budget_per_n_s: float | None = None, max_hours: float | None = None,
+         policy: str | None = None, policy_max_n: int | None = None,
          worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
@@ -427,7 +484,8 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     check_representable(spec, max_concurrency, name="max_concurrency")
     out = os.fspath(out)
     opts = solver_options(solver, tol, max_states, round_to_grid, search,
-                          DEFAULT_MAX_GAP if max_gap is None else max_gap, max_evaluations, time_budget_per_n_s)
+                          DEFAULT_MAX_GAP if max_gap is None else max_gap, max_evaluations, time_budget_per_n_s,
+                          policy, policy_max_n)
     h = inputs_sha256(spec, max_concurrency, opts)
     cache_file = os.path.join(os.fspath(cache_dir), h + ".json") if cache_dir is not None else None
     if worker_lock is None:
@@ -493,7 +551,7 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
     def snapshot() -> dict:
         return thresholds_document(spec, max_concurrency, entries, inputs_hash=h, provenance={
             "created_utc": created, "updated_utc": _now(), "stopped_reason": stopped or state["note"],
-            "resumable": resumable, "options": opts})
+            "resumable": resumable, "options": opts}, **_doc_policy(opts))
 
     def check_owner():
         if worker_lock is not None and not _owns_lock(worker_lock, worker_token):
@@ -508,6 +566,8 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
             opt = _optimize(spec, n, opts, start=entries[-1]["thresholds"] if entries else None,
                             policies=policies[0] if policies else None)
             row = _entry(opt, opts["search"])
+            if opts.get("policy"):
+                row.update(_policy_fields(spec, n, row["thresholds"], opts))
         except StateSpaceTooLarge as e:
             stopped, resumable = f"N = {n}: {_first_line(e)}", False
             if not entries:
@@ -566,7 +626,7 @@ def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, 
     created = doc["provenance"].get("created_utc", _now()) if doc else _now()
     placeholder = thresholds_document(spec, max_concurrency, computed, inputs_hash=h, provenance={
         "created_utc": created, "updated_utc": _now(), "stopped_reason": "in progress", "resumable": True,
-        "options": opts})
+        "options": opts}, **_doc_policy(opts))
     target, private = out, None
     try:
         write_thresholds(out, placeholder)
@@ -614,7 +674,8 @@ def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, 
         reason = f"time budget of {budget:g} s reached with N = 1..{k} computed"
         if killed:
             cur = thresholds_document(spec, max_concurrency, cur["entries"], inputs_hash=h, provenance={
-                **cur["provenance"], "updated_utc": _now(), "stopped_reason": reason, "resumable": True})
+                **cur["provenance"], "updated_utc": _now(), "stopped_reason": reason, "resumable": True},
+                **_doc_policy(opts))
             if not private:
                 try:
                     write_thresholds(target, cur)
@@ -679,7 +740,8 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
                     cache_dir: str | os.PathLike | None = None, background: bool = True, *,
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
                     round_to_grid: bool = False, search: str = "auto", max_gap: float | None = None,
-                    max_evaluations: int | None = None, time_budget_per_n_s: float | None = None) -> ThresholdTable:
+                    max_evaluations: int | None = None, time_budget_per_n_s: float | None = None,
+                    policy: str | None = None, policy_max_n: int | None = None) -> ThresholdTable:
     """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 
     Returns the cached table at once when the inputs hash matches; otherwise
@@ -697,7 +759,8 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
         return tune(spec, max_concurrency, out, time_budget_s=time_budget_s, cache_dir=cache_dir,
                     background=background, solver=solver, tol=tol, max_states=max_states,
                     round_to_grid=round_to_grid, search=search, max_gap=max_gap, max_evaluations=max_evaluations,
-                    time_budget_per_n_s=time_budget_per_n_s, keep_on_write_error=True)
+                    time_budget_per_n_s=time_budget_per_n_s, policy=policy, policy_max_n=policy_max_n,
+                    keep_on_write_error=True)
     except Exception as e:  # noqa: BLE001 - a server must start whatever happened
         log.warning("tr-autotune: %s; using the eager fallback (all thresholds 1)", _first_line(e))
     return ThresholdTable.eager(M, max_concurrency)

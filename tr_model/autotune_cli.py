@@ -89,6 +89,13 @@ def _add_run(sub) -> None:
     t.add_argument("--max-hours", type=float, default=DEFAULT_MAX_HOURS, metavar="H", help="refuse rows whose "
                    "time, estimated before any work from the rates measured for two models (one core), is above "
                    "this many hours (default %(default)g; exit code 3; not with --time-budget-s in the foreground)")
+    from tr_model.launch_policy import POLICY_CLASSES
+    t.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
+                   "policy class at each N (from B*(N)) and write a schema-version-3 file the runtime executes: "
+                   "busy = a threshold per model while no other model runs and one while another does; residual = "
+                   "idle / the other's batch ends no sooner than this model's step / ends sooner (docs/autotune.md)")
+    t.add_argument("--policy-max-n", type=int, metavar="N", help="with --policy: search it only up to this N "
+                   "(rows above keep B*(N) as their policy; default: every N)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
                    "summary (json: the thresholds file itself)")
     add_quiet_arg(t)
@@ -249,7 +256,22 @@ def _summary(table) -> tuple[list, list]:
         for r in rows:
             g = table.gaps[r[0] - 1]
             r += [table.certificates[r[0] - 1], "-" if g is None else f"{g:.2g}"]
+    if table.policy_class is not None:  # schema 3: the launch policy per N, its value and gain over B*
+        headers = headers + [f"policy ({table.policy_class}: {', '.join(table.policy_columns)})", "policy_tok_s",
+                             "policy_vs_B*", "policy_certificate"]
+        for r in rows:
+            n = r[0]
+            pp = table.policy_predicted_tok_s[n - 1]
+            pred = table.predicted_tok_s[n - 1] if table.predicted_tok_s else None
+            gain = f"{100 * (pp / pred - 1):+.2f} %" if pp is not None and pred else "-"
+            r += [_policy_text(table.policy_rows[n - 1]), "-" if pp is None else f"{pp:.2f}", gain,
+                  table.policy_certificates[n - 1]]
     return headers, rows
+
+
+def _policy_text(rows) -> str:
+    """``(1, 1, never) (5, 5, 5)``: per model, its thresholds over the policy columns."""
+    return " ".join("(" + ", ".join("never" if b is None else str(b) for b in r) + ")" for r in rows)
 
 
 def _table_text(table, fmt: str, path: str) -> str:
@@ -281,8 +303,8 @@ def _tune_options(a) -> dict:
     """tune()'s options that the user set (defaults are the tuner's own)."""
     kw = dict(time_budget_s=a.time_budget_s, cache_dir=a.cache_dir, background=a.background, solver=a.solver,
               tol=a.tol, max_states=a.max_states, max_hours=a.max_hours)
-    for name in ("search", "max_evaluations", "max_gap"):
-        if getattr(a, name) is not None:
+    for name in ("search", "max_evaluations", "max_gap", "policy", "policy_max_n"):
+        if getattr(a, name, None) is not None:
             kw[name] = getattr(a, name)
     return kw
 
@@ -290,7 +312,8 @@ def _tune_options(a) -> dict:
 # tune()'s keywords -> the dest of the flag that carries each
 TUNE_FIELDS = {"max_concurrency": "N", "time_budget_s": "time_budget_s", "cache_dir": "cache_dir", "solver": "solver",
                "tol": "tol", "max_states": "max_states", "search": "search", "max_gap": "max_gap",
-               "max_evaluations": "max_evaluations", "max_hours": "max_hours", "out": "thresholds"}
+               "max_evaluations": "max_evaluations", "max_hours": "max_hours", "out": "thresholds",
+               "policy": "policy", "policy_max_n": "policy_max_n"}
 
 
 def _cmd_run(a) -> int:
@@ -303,6 +326,9 @@ def _cmd_run(a) -> int:
     _positive_int(a.max_states, "--max-states")
     _positive_int(a.max_evaluations, "--max-evaluations")
     _positive_float(a.tol, "--tol")
+    _positive_int(a.policy_max_n, "--policy-max-n")
+    if a.policy is None:
+        refuse_given(a, ["policy_max_n"], "applies with --policy (the class whose search it limits)")
     if (a.search or "auto") not in ("certified", "auto"):
         refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
     check_out_path(a.thresholds, "--thresholds")
@@ -340,12 +366,22 @@ def _cmd_show(a) -> int:
         emit(_table_text(table, fmt, a.file), a.out)
         return 0
     b = table.lookup(a.N)
+    pol = table.policy_of(a.N) if table.policy_class is not None else None
     if fmt == "json":
-        text = json.dumps({"N": a.N, "thresholds": list(b)}) + "\n"
+        d = {"N": a.N, "thresholds": list(b)}
+        if pol is not None:
+            d["policy"] = {"class": table.policy_class, "columns": list(table.policy_columns),
+                           "thresholds": [list(r) for r in pol]}
+        text = json.dumps(d) + "\n"
     elif fmt == "csv":
-        text = to_csv(["N", "thresholds"], [[a.N, " ".join(map(str, b))]])
+        head, row = ["N", "thresholds"], [a.N, " ".join(map(str, b))]
+        if pol is not None:
+            head, row = head + ["policy_class", "policy"], row + [table.policy_class, _policy_text(pol)]
+        text = to_csv(head, [row])
     else:
         text = " ".join(map(str, b)) + "\n"
+        if pol is not None:
+            text += f"policy {table.policy_class} ({', '.join(table.policy_columns)}): {_policy_text(pol)}\n"
     emit(text, a.out)
     return 0
 
@@ -428,7 +464,8 @@ def _cmd_measure(a) -> int:
                         f"below the {MIN_EMULATED_STEP_S * 1e6:g} us the event loop's timers can resolve: timer "
                         f"noise would dominate the measurement; use --time-scale >= "
                         f"{a.time_scale * MIN_EMULATED_STEP_S / shortest_s:.3g}")
-    ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
+    ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale,
+                          corun_latency_ms=spec.corun_latency_ms if spec.has_corun else None)
     r = measure_closed_loop(spec, a.N, thresholds, ex, duration_s=a.duration_s, warmup_s=a.warmup_s,
                             max_output_tokens=a.output_tokens, seed=a.seed)
     noise = r.relative_timer_noise
@@ -440,7 +477,16 @@ def _cmd_measure(a) -> int:
            "measured": {"throughput_tok_s": r.throughput_tok_s, "throughput_ci95_tok_s": r.throughput_ci95_tok_s,
                         "per_request_tok_s": r.per_request_tok_s, "admission_latency_ms": list(r.admission_latency_ms),
                         "mean_batch_size": list(r.mean_batch_size), "relative_timer_noise": r.relative_timer_noise}}
-    if not a.no_predict:
+    policy = getattr(thresholds, "policy_class", None)
+    if policy is not None:
+        doc["policy"] = {"class": policy, "columns": list(thresholds.policy_columns),
+                         "thresholds": [list(x) for x in thresholds.policy_of(a.N)]}
+    n = min(a.N, len(thresholds.thresholds)) if policy is not None else 0
+    if not a.no_predict and policy is not None and thresholds.policy_predicted_tok_s[n - 1] is not None:
+        # the file's exact value of its policy at this N (the chain under the policy table)
+        doc["predicted"] = {"throughput_tok_s": thresholds.policy_predicted_tok_s[n - 1], "per_request_tok_s": None,
+                            "admission_latency_ms": [None] * spec.M}
+    elif not a.no_predict:
         from tr_model.api import evaluate
         ev = evaluate(spec, a.N, B, round_to_grid=True)
         doc["predicted"] = {"throughput_tok_s": ev.throughput_tok_s, "per_request_tok_s": ev.per_request_tok_s,
@@ -590,7 +636,8 @@ def _cmd_serve(a) -> int:
         ex = _torch_serve_executor(a, spec, N)
         max_total = a.max_len
     else:
-        ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale)
+        ex = EmulatedExecutor(spec.latency_ms, time_scale=a.time_scale,
+                              corun_latency_ms=spec.corun_latency_ms if spec.has_corun else None)
         max_total = None
     service = serve.RuntimeService(spec, thresholds, ex, max_concurrency=N, seed=a.seed, model_name=a.model_name,
                                    executor_name=a.executor, max_total_tokens=max_total,

@@ -57,6 +57,9 @@ def build_parser() -> Parser:
     o.add_argument("--all", action="store_true", help="also output every evaluated B")
     o.add_argument("--plot", metavar="FILE", help="also plot throughput over the evaluated B for each N, B* "
                    "marked, eager drawn (.png, .svg or .pdf; needs a search, not --B)")
+    o.add_argument("--thresholds", metavar="FILE.json", help="also write the thresholds file of the sweep (the "
+                   "product file tr-autotune run writes; --N must be 1..K): schema version 3 with --policy, 2 "
+                   "without")
     add_quiet_arg(o)
     return p
 
@@ -82,6 +85,12 @@ def _add_search_args(p) -> None:
     s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
+    from tr_model.launch_policy import POLICY_CLASSES
+    s.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
+                   "policy class at each N, from B*(N) (steepest ascent, exact chain values): busy = a threshold "
+                   "per model while no other model runs and one while another does; residual = idle / the "
+                   "other's batch ends no sooner than this model's step / ends sooner. Prints its thresholds, "
+                   "throughput and gain over B*")
     s.add_argument("--search", choices=SEARCHES, default=DEFAULT_SEARCH, help=search_help(DEFAULT_SEARCH))
     s.add_argument("--max-gap", type=float, default=DEFAULT_MAX_GAP, metavar="G", help="certified/auto: relative "
                    "gap between B* and the proven upper bound at which the search stops (default %(default)g)")
@@ -127,6 +136,8 @@ class Plan:
     kw: dict                       # passed to evaluate / optimize: solver, tol, max_states, round_to_grid, cache
     sim: dict                      # simulator: seed, jitter, trace, budget_s, steps
     roundings: list = field(default_factory=list)
+    policy: str | None = None
+    thresholds: str | None = None
     all: bool = False
     check_delta: bool = False
     dask: str | None = None
@@ -255,6 +266,10 @@ def _refuse_dropped(a) -> None:
         refuse_given(a, ["workers"], "has no effect with --dask (the scheduler's workers run the evaluations)")
     if a.B is None and a.search in ("exhaustive", "pruned", "local"):
         refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
+    if a.B is not None:
+        refuse_given(a, ["policy", "thresholds"], "searches from B*(N); --B evaluates one vector (drop one of them)")
+    if a.method != "exact":
+        refuse_given(a, ["policy", "thresholds"], "needs the exact chain (--method exact)")
 
 
 def _parse_workers(value: str, total: int) -> int:
@@ -316,7 +331,13 @@ def validate(a) -> Plan:
     search = dict(search=a.search, max_evaluations=a.max_evaluations)
     if a.search in ("certified", "auto"):  # the other searches take no gap (the API refuses one)
         search["max_gap"] = a.max_gap
+    if a.thresholds:
+        from tr_core.cli import check_out_path
+        check_out_path(a.thresholds, "--thresholds")
+        if Ns.min != 1 or len(Ns) != Ns.max:
+            raise SpecError(f"--thresholds writes rows N = 1..K without gaps: give --N 1-{Ns.max}")
     return Plan(system=system, Ns=Ns, B=tuple(a.B) if a.B is not None else None, method=a.method,
+                policy=a.policy, thresholds=a.thresholds,
                 search=search, workers=_parse_workers(a.workers, _exhaustive_count(M, Ns)), kw=kw, sim=sim,
                 roundings=_grid_roundings(system, Ns, a.method), all=a.all, check_delta=a.check_delta,
                 dask=a.dask, estimate_s=estimate_s)
@@ -492,9 +513,56 @@ def compute(plan: Plan, progress=None, on_result=None) -> tuple[dict, list]:
         found = _compute_exact_vectors(plan, doc)
     else:
         found = _compute_exact_search(plan, doc, progress, on_result)
+        if plan.policy:
+            _compute_policies(plan, doc)
     if plan.check_delta:
         doc["delta_check"] = _check_delta(plan, doc["results"])
     return doc, found
+
+
+def _compute_policies(plan: Plan, doc: dict) -> None:
+    """--policy: the class searched at each N from B*(N); ``row["policy"]`` (exit 3 when the decision process
+    exceeds its state budget)."""
+    from optimizer.policy import PolicyTooLarge
+    from tr_model.launch_policy import class_policy
+    from tr_model.thresholds import POLICY_COLUMNS
+    spec = plan.system.spec
+    for r in doc["results"]:
+        try:
+            res = class_policy(spec, r["N"], plan.policy, r["B"], round_to_grid=plan.system.round_to_grid)
+        except PolicyTooLarge as e:
+            raise StateSpaceTooLarge(f"--policy {plan.policy} at N = {r['N']}: {e}") from None
+        r["policy"] = {"class": plan.policy, "columns": list(POLICY_COLUMNS[plan.policy]),
+                       "thresholds": [list(x) for x in res.params], "throughput_tok_s": res.throughput_tok_s,
+                       "throughput_error_bound": res.throughput_error_bound,
+                       "gain_vs_b_star": res.throughput_tok_s / r["throughput_tok_s"] - 1.0,
+                       "evaluated": res.evaluated, "process_states": res.process_states,
+                       "chain_states": res.chain_states, "seconds": res.seconds,
+                       "certificate": "local (steepest ascent from B*: exact value, not proven optimal in the class)"}
+
+
+def _write_thresholds_file(plan: Plan, found: list, doc_results: list) -> None:
+    """--thresholds: the sweep's rows as a thresholds file (tr_model.autotune's document and writer)."""
+    from tr_model import autotune as AT
+    spec = plan.system.spec
+    K = plan.Ns.max
+    opts = AT.solver_options(plan.kw["solver"], plan.kw["tol"], plan.kw["max_states"], plan.system.round_to_grid,
+                             plan.search["search"], plan.search.get("max_gap", DEFAULT_MAX_GAP), None, None,
+                             plan.policy)
+    entries = []
+    for o, r in zip(found, doc_results):
+        e = AT._entry(o, plan.search["search"])
+        if plan.policy:
+            p = r["policy"]
+            e.update(policy_thresholds=p["thresholds"], policy_certificate="local",
+                     policy_predicted_tok_s=p["throughput_tok_s"], policy_seconds=p["seconds"])
+        entries.append(e)
+    doc = AT.thresholds_document(spec, K, entries, inputs_hash=AT.inputs_sha256(spec, K, opts),
+                                 provenance={"created_utc": AT._now(), "options": opts, "tool": "tr-optimize"},
+                                 policy=plan.policy, round_to_grid=plan.system.round_to_grid)
+    from tr_model.thresholds import ThresholdTable
+    ThresholdTable.from_dict(doc, where="the thresholds document")  # never write a file the reader refuses
+    AT.write_thresholds(plan.thresholds, doc)
 
 
 def _compute_simulated(plan: Plan, doc: dict) -> list:
@@ -655,6 +723,15 @@ def _render_table(doc: dict, vectors: bool) -> str:
         headers, rows = _mixed_table(results)
     else:
         headers, rows = (_exact_vector_table if vectors else _exact_search_table)(results)
+    if any("policy" in r for r in results):
+        p0 = next(r["policy"] for r in results if "policy" in r)
+        headers = headers + [f"policy {p0['class']} ({', '.join(p0['columns'])})", "policy tok/s", "vs B*",
+                             "policy s"]
+        for r, row in zip(results, rows):
+            p = r.get("policy")
+            row += ["-"] * 4 if p is None else [
+                " ".join("(" + ", ".join("never" if b is None else str(b) for b in x) + ")" for x in p["thresholds"]),
+                f"{p['throughput_tok_s']:.2f}", f"{100 * p['gain_vs_b_star']:+.2f} %", f"{p['seconds']:.2f}"]
     Ls = ", ".join(f"{x:g}" for x in spec["step_latency_ms"])
     co = ""
     if spec.get("corun_latency") and any(c is not None for c in spec["corun_latency"]):
@@ -680,8 +757,14 @@ def _render_csv(doc: dict) -> str:
     first, results = doc["results"][0], doc["results"]
     keys = [k for k in first if (not isinstance(first[k], (list, dict)) or k == "B")
             and any(r.get(k) is not None for r in results)]  # a column no method fills is left out
-    return to_csv(keys, [[_b(r[k]) if isinstance(r.get(k), list) else r.get(k) for k in keys]
-                         for r in doc["results"]])
+    rows = [[_b(r[k]) if isinstance(r.get(k), list) else r.get(k) for k in keys] for r in doc["results"]]
+    if "policy" in first:
+        keys = keys + ["policy_class", "policy_thresholds", "policy_tok_s", "policy_gain_vs_b_star"]
+        for r, row in zip(results, rows):
+            p = r["policy"]
+            pol = " ".join("(" + _b(["never" if b is None else b for b in x]) + ")" for x in p["thresholds"])
+            row += [p["class"], pol, p["throughput_tok_s"], p["gain_vs_b_star"]]
+    return to_csv(keys, rows)
 
 
 def render(doc: dict, fmt: str, vectors: bool = False) -> str:
@@ -720,6 +803,10 @@ def main_impl(argv=None) -> int:
     progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet and not rows))
     doc, found = compute(plan, progress, on_result=_RowReporter(len(plan.Ns)) if rows else None)
     _warn_inaccurate(doc)
+    if plan.thresholds:
+        _write_thresholds_file(plan, found, doc["results"])
+        if speak:
+            note(f"wrote {plan.thresholds} (schema version {3 if plan.policy else 2}, N = 1..{plan.Ns.max})")
     if a.plot:
         from tr_model.plots import plot_throughput
         plot_throughput(found, a.plot)

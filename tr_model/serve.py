@@ -227,6 +227,13 @@ class RuntimeService:
             current = list(self.thresholds.lookup(active))
         except Exception:  # noqa: BLE001 - health must answer
             current = None
+        policy = None
+        try:
+            if getattr(self.thresholds, "policy_class", None) is not None:  # a schema-version-3 file: its rule
+                policy = {"class": self.thresholds.policy_class, "columns": list(self.thresholds.policy_columns),
+                          "current": [list(x) for x in self.thresholds.policy_of(active)]}
+        except Exception:  # noqa: BLE001 - health must answer
+            policy = None
         doc = {"status": "ok" if self.failure is None else "error", "model": self.model_name,
                "executor": self.executor_name, "num_models": self.spec.M,
                "time_scale": float(getattr(self.executor, "time_scale", 1.0)),
@@ -235,7 +242,7 @@ class RuntimeService:
                "completed_tokens": self.tokens_total, "uptime_s": time.time() - self.started_at,
                "in_flight_request_s": self.in_flight_s, "clock_s": clock,
                "thresholds": {"source": self.thresholds_label, "current": current,
-                              "last_error": getattr(self.thresholds, "last_error", None)},
+                              "last_error": getattr(self.thresholds, "last_error", None), "policy": policy},
                "relative_timer_noise": getattr(self.executor, "relative_timer_noise", None),
                "timer_overshoot_s": getattr(self.executor, "overshoot_s_total", None),
                "timer_nominal_s": getattr(self.executor, "nominal_s_total", None),

@@ -15,8 +15,8 @@ Usage::
     table = ThresholdTable.load("thresholds.json")      # validates, or raises ThresholdFileError
     b = table.lookup(active_requests)[my_model_index]    # launch when waiting >= b
 
-File format (``schema_version`` 2, this reader also reads 1; JSON Schema in
-``data/schemas/thresholds.schema.json``)::
+File format (``schema_version`` 2, or 3 with a state-dependent launch policy; this reader also reads 1;
+JSON Schema in ``data/schemas/thresholds.schema.json``)::
 
     {"schema_version": 2, "format": "tokenrouter-thresholds",
      "num_models": 2, "model_names": ["small", "large"], "delta_ms": 0.1,
@@ -42,9 +42,39 @@ Every row of a version-2 file says how its vector was obtained (``certificate``)
   (the largest computed N below), or is all ones when ``extrapolated_from`` is
   null.  Extrapolated rows form a suffix of the table.
 
+**Version 3: a state-dependent launch policy** (``docs/autotune.md``, "Schema version 3").  A version-3
+file is a version-2 file (every field above keeps its meaning; ``thresholds`` stays ``B*(N)``) with a
+top-level ``policy`` object naming a compact policy class and, in every row, that class's thresholds::
+
+    "policy": {"class": "residual",
+               "columns": ["others_idle", "others_end_later", "others_end_sooner"],
+               "max_batch_size": [null, null],
+               "step_ms": [[6.0, ...], [27.9, ...]],                 # model i, batch size b = 1..max_concurrency
+               "step_ms_beside_running": [[6.0, ...], [27.9, ...]]}, # the same, launched while another runs
+    "entries": [{... the version-2 fields ..., "policy_thresholds": [[1, 1, null], [3, 3, 3]],
+                 "policy_certificate": "local", "policy_predicted_tok_s": 208.56}, ...]
+
+``policy_thresholds[j][c]`` is model j's threshold in situation ``columns[c]`` (``null``: never launch in
+that situation).  The situation is read in the state right after the instant's completions and routing and
+before any launch of that instant (a model that launches at this very instant still counts as idle):
+
+* class ``busy``: ``others_idle`` while no other model runs a batch, ``others_busy`` while one does;
+* class ``residual``: ``others_idle``; ``others_end_later`` while the earliest-ending running batch of the
+  other models ends no sooner than model j's own step would (``step_ms_beside_running[j][b - 1]``, b the
+  batch it would take: ``min(waiting, max_batch_size[j])``); ``others_end_sooner`` while it ends sooner
+  (by at least half a ``delta_ms``).
+
+Model j launches when it is idle and ``waiting >= threshold >= 1`` (:meth:`ThresholdTable.decide`).  Rows
+say how their policy was obtained: ``policy_certificate`` ``local`` (a search over the class from B*; its
+``policy_predicted_tok_s`` is the exact chain's throughput under that policy, at least ``predicted_tok_s``)
+or ``thresholds`` (not searched: every column equals ``thresholds[j]``, the plain B* policy; extrapolated
+rows always are).  A reader that knows only versions 1-2 refuses a version-3 file (``unsupported
+schema_version 3``); this reader refuses a newer version or an unknown policy class, naming the field
+and what to upgrade.
+
 Rules the reader enforces (each violation names the field):
 
-* ``schema_version`` must be 1 or 2;
+* ``schema_version`` must be 1, 2 or 3;
 * ``entries[k].active_requests == k + 1``: the rows cover N = 1..K with no
   gap, ``1 <= K <= max_concurrency``, and ``K == max_concurrency`` with no
   extrapolated row when ``complete`` is true;
@@ -87,14 +117,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-THRESHOLDS_SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
+THRESHOLDS_SCHEMA_VERSION = 2         # written for a plain threshold table
+POLICY_SCHEMA_VERSION = 3             # written when the file carries a state-dependent launch policy
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# compact launch-policy classes a version-3 file may carry: the column names of policy_thresholds
+POLICY_COLUMNS = {"busy": ("others_idle", "others_busy"),
+                  "residual": ("others_idle", "others_end_later", "others_end_sooner")}
+POLICY_CERTIFICATES = ("local", "thresholds")
+UPGRADE_HINT = "upgrade tokenrouter-model (or copy its newer tr_model/thresholds.py, standard library only)"
 THRESHOLDS_FORMAT = "tokenrouter-thresholds"
 CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local", "extrapolated")
 MAX_FILE_BYTES = 64 * 2 ** 20   # a table for N = 1..10^5 with 12 models is about 30 MB
 MAX_CONCURRENCY_LIMIT = 2 ** 31 - 1
 
-__all__ = ["THRESHOLDS_SCHEMA_VERSION", "READABLE_SCHEMA_VERSIONS", "THRESHOLDS_FORMAT", "CERTIFICATES",
+__all__ = ["THRESHOLDS_SCHEMA_VERSION", "POLICY_SCHEMA_VERSION", "POLICY_COLUMNS", "POLICY_CERTIFICATES",
+           "READABLE_SCHEMA_VERSIONS", "THRESHOLDS_FORMAT", "CERTIFICATES",
            "MAX_FILE_BYTES", "ThresholdFileError", "ThresholdTable", "WatchedThresholds", "canonical_sha256",
            "spec_sha256"]
 
@@ -236,6 +273,91 @@ class ThresholdTable:
     certificates: tuple = ()  # per row: one of CERTIFICATES, or None (schema_version 1 files)
     gaps: tuple = ()  # per row: relative gap of a certified row (0.0 when exact), None when unknown
     schema_version: int = THRESHOLDS_SCHEMA_VERSION
+    # version 3: a state-dependent launch policy (empty / None for a plain threshold table)
+    policy_class: str | None = None
+    policy_columns: tuple = ()
+    policy_rows: tuple = ()              # per row: per model, per column, an int or None (never)
+    policy_certificates: tuple = ()      # per row: one of POLICY_CERTIFICATES
+    policy_predicted_tok_s: tuple = ()   # per row: the exact chain's tok/s under the policy, or None
+    policy_max_batch_size: tuple = ()    # per model: an int or None
+    policy_step_ms: tuple = ()           # residual class: per model, per batch size 1..max_concurrency
+    policy_step_ms_beside_running: tuple = ()
+
+    # ---- the launch decision in a state (every version; a plain table ignores the other models) ----------
+    def _row(self, active_requests: int) -> int:
+        if not _is_int(active_requests):
+            raise ValueError(f"active_requests must be an integer, got {_short(active_requests)}")
+        if active_requests < 0:
+            raise ValueError(f"active_requests must be >= 0, got {active_requests}")
+        return min(max(active_requests, 1), len(self.thresholds)) - 1
+
+    def _state(self, waiting: Any, residual_ms: Any) -> tuple:
+        M = self.num_models
+        if not isinstance(waiting, (list, tuple)) or len(waiting) != M or not all(
+                _is_int(k) and k >= 0 for k in waiting):
+            raise ValueError(f"waiting must be {M} integers >= 0 (requests queued per model), got {_short(waiting)}")
+        if not isinstance(residual_ms, (list, tuple)) or len(residual_ms) != M or not all(
+                _is_num(r) and r >= 0 for r in residual_ms):
+            raise ValueError(f"residual_ms must be {M} finite numbers >= 0 (ms left in each model's running "
+                             f"batch, 0 when idle), got {_short(residual_ms)}")
+        return tuple(waiting), tuple(float(r) for r in residual_ms)
+
+    def _half_quantum(self) -> float:
+        return 0.5 * self.delta_ms if self.delta_ms else 0.0
+
+    def policy_of(self, active_requests: int) -> tuple:
+        """The row's policy thresholds: per model, one value per ``policy_columns`` (None = never); a plain
+        table gives its vector as the one column ``("any",)``."""
+        n = self._row(active_requests)
+        if self.policy_class is None:
+            return tuple((b,) for b in self.thresholds[n])
+        return self.policy_rows[n]
+
+    def own_step_ms(self, model: int, waiting: int) -> float | None:
+        """Model ``model``'s step length beside a running model for the batch it would take from ``waiting``
+        requests (the ``residual`` class compares the others' residual time with it); None for other tables."""
+        if not self.policy_step_ms_beside_running:
+            return None
+        cap = self.policy_max_batch_size[model]
+        b = max(1, min(int(waiting), cap if cap is not None else waiting, len(self.policy_step_ms_beside_running[model])))
+        return self.policy_step_ms_beside_running[model][b - 1]
+
+    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any) -> int | None:
+        """The threshold model ``model`` applies in this state (None: it does not launch in it).
+
+        ``waiting[i]``: requests queued at model i; ``residual_ms[i]``: milliseconds left in model i's running
+        batch, 0 when idle, read after the completions of this instant and before its launches (a model that
+        launches at this very instant counts as idle).  A residual of at most half a ``delta_ms`` counts as
+        idle (the chain's quanta).  For a plain table: ``lookup(active_requests)[model]``."""
+        waiting, residual_ms = self._state(waiting, residual_ms)
+        if not _is_int(model) or not 0 <= model < self.num_models:
+            raise ValueError(f"model must be an integer in 0..{self.num_models - 1}, got {_short(model)}")
+        n = self._row(active_requests)
+        if self.policy_class is None:
+            return self.thresholds[n][model]
+        cols = self.policy_rows[n][model]
+        half = self._half_quantum()
+        running = [r for i, r in enumerate(residual_ms) if i != model and r > half]
+        if not running:
+            return cols[0]
+        if self.policy_class == "busy":
+            return cols[1]
+        own = self.own_step_ms(model, waiting[model])
+        return cols[2] if min(running) <= own - half else cols[1]
+
+    def decide(self, active_requests: int, waiting: Any, residual_ms: Any) -> tuple:
+        """Per model, whether it launches now: idle (residual at most half a quantum), ``waiting >= 1`` and
+        ``waiting >=`` its :meth:`launch_threshold` in this state."""
+        waiting, residual_ms = self._state(waiting, residual_ms)
+        half = self._half_quantum()
+        out = []
+        for j in range(self.num_models):
+            if residual_ms[j] > half or waiting[j] < 1:
+                out.append(False)
+                continue
+            b = self.launch_threshold(active_requests, j, waiting, residual_ms)
+            out.append(b is not None and waiting[j] >= b)
+        return tuple(out)
 
     @property
     def covered_concurrency(self) -> int:
@@ -318,8 +440,10 @@ class ThresholdTable:
             raise fail("missing field 'schema_version'")
         ver = doc["schema_version"]
         if not _is_int(ver) or ver not in READABLE_SCHEMA_VERSIONS:
+            newer = _is_int(ver) and ver > max(READABLE_SCHEMA_VERSIONS)
             raise fail(f"unsupported schema_version {_short(ver)} (this reader supports "
-                       f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})")
+                       f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})"
+                       + (f"; the file was written by a newer tool: {UPGRADE_HINT}" if newer else ""))
         fmt = doc.get("format", THRESHOLDS_FORMAT)
         if not isinstance(fmt, str) or fmt != THRESHOLDS_FORMAT:
             raise fail(f"'format' must be {THRESHOLDS_FORMAT!r}, got {_short(fmt)}")
@@ -365,6 +489,7 @@ class ThresholdTable:
         if sum(b - 1 for b in fallback) >= 1:
             raise fail(f"'fallback_thresholds' = {list(fallback)} is infeasible: the fallback applies at any N, "
                        f"N = 1 included, where sum(B_i - 1) must be 0 (all ones, the eager vector)")
+        pol = _policy_header(doc, M, nmax, fail) if ver >= 3 else None
         entries = doc["entries"]
         if not isinstance(entries, list):
             raise fail(f"'entries' must be a list, got {_short(entries)}")
@@ -373,6 +498,7 @@ class ThresholdTable:
         if len(entries) > nmax:
             raise fail(f"'entries' has {len(entries)} rows but max_concurrency is {nmax}")
         ths, pred, eag, certs, gaps = [], [], [], [], []
+        prows, pcerts, ppred = [], [], []
         first_extrapolated = None
         for k, e in enumerate(entries):
             name = f"entries[{k}]"
@@ -409,6 +535,8 @@ class ThresholdTable:
                     raise fail(f"{name}.thresholds = {list(ths[-1])} is not the vector of the row it is "
                                f"extrapolated from ({list(expect)})")
                 gaps.append(None)
+                if pol is not None:
+                    _policy_row(e, name, n, ths[-1], cert, pol, prows, pcerts, ppred, fail)
                 continue
             if first_extrapolated is not None:
                 raise fail(f"{name} is computed but follows the extrapolated row entries[{first_extrapolated}] "
@@ -437,6 +565,8 @@ class ThresholdTable:
                     raise fail(f"{name}.upper_bound_tok_s = {up:g} is below predicted_tok_s = "
                                f"{float(e['predicted_tok_s']):g}")
             gaps.append(gap)
+            if pol is not None:
+                _policy_row(e, name, n, ths[-1], cert, pol, prows, pcerts, ppred, fail)
         computed = len(ths) if first_extrapolated is None else first_extrapolated
         if complete and (len(ths) != nmax or computed != len(ths)):
             raise fail(f"'complete' is true but the computed rows cover N = 1..{computed}, not 1..{nmax} "
@@ -479,7 +609,111 @@ class ThresholdTable:
                    inputs_sha256=inputs if isinstance(inputs, str) else None,
                    source="file" if path is not None else "memory", path=path, provenance=prov,
                    certificates=tuple(certs) if ver >= 2 else (), gaps=tuple(gaps) if ver >= 2 else (),
-                   schema_version=ver)
+                   schema_version=ver, **({} if pol is None else dict(
+                       policy_class=pol["class"], policy_columns=pol["columns"], policy_rows=tuple(prows),
+                       policy_certificates=tuple(pcerts), policy_predicted_tok_s=tuple(ppred),
+                       policy_max_batch_size=pol["max_batch_size"], policy_step_ms=pol.get("step_ms", ()),
+                       policy_step_ms_beside_running=pol.get("step_ms_beside_running", ()))))
+
+
+def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
+    """The top-level ``policy`` object of a version-3 file, validated."""
+    if "policy" not in doc:
+        raise fail("schema_version 3 needs the field 'policy' (the launch policy class)")
+    pol = doc["policy"]
+    if not isinstance(pol, dict):
+        raise fail(f"'policy' must be an object, got {_short(pol)}")
+    cls = pol.get("class")
+    if not isinstance(cls, str):
+        raise fail(f"'policy.class' must be a string naming the policy class, got {_short(cls)}")
+    if cls not in POLICY_COLUMNS:
+        raise fail(f"'policy.class' {_short(cls)} is not a class this reader knows ({', '.join(POLICY_COLUMNS)}): "
+                   f"{UPGRADE_HINT}")
+    cols = POLICY_COLUMNS[cls]
+    if pol.get("columns") != list(cols):
+        raise fail(f"'policy.columns' must be {list(cols)} for class {cls!r}, got {_short(pol.get('columns'))}")
+    caps = pol.get("max_batch_size")
+    if (not isinstance(caps, list) or len(caps) != M
+            or not all(c is None or (_is_int(c) and c >= 1) for c in caps)):
+        raise fail(f"'policy.max_batch_size' must be a list of {M} integers >= 1 or null (no cap), got {_short(caps)}")
+    out = {"class": cls, "columns": cols, "max_batch_size": tuple(caps)}
+    if cls == "residual":
+        delta = doc.get("delta_ms")
+        if not _is_num(delta) or delta <= 0:
+            raise fail("policy class 'residual' needs 'delta_ms' (the residual times are compared on its grid)")
+        for key in ("step_ms", "step_ms_beside_running"):
+            v = pol.get(key)
+            if not isinstance(v, list) or len(v) != M:
+                raise fail(f"'policy.{key}' must be a list of {M} lists (one per model) of {nmax} step lengths "
+                           f"in ms (batch sizes 1..max_concurrency), got {_short(v)}")
+            rows = []
+            for i, row in enumerate(v):
+                if not isinstance(row, list) or len(row) != nmax:
+                    raise fail(f"'policy.{key}[{i}]' must be a list of {nmax} step lengths in ms (batch sizes "
+                               f"1..max_concurrency), got {_short(row)}")
+                for b, x in enumerate(row):
+                    if not _is_num(x) or x <= 0:
+                        raise fail(f"'policy.{key}[{i}][{b}]' must be a finite number > 0 (ms), got {_short(x)}")
+                rows.append(tuple(float(x) for x in row))
+            out[key] = tuple(rows)
+    else:
+        for key in ("step_ms", "step_ms_beside_running"):
+            if key in pol:
+                raise fail(f"'policy.{key}' belongs to class 'residual', not {cls!r}")
+    extra = set(pol) - {"class", "columns", "max_batch_size", "step_ms", "step_ms_beside_running"}
+    if extra:
+        raise fail(f"'policy' has unknown field(s) {sorted(extra)}")
+    return out
+
+
+def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | None, pol: dict, prows: list,
+                pcerts: list, ppred: list, fail) -> None:
+    """One row's ``policy_thresholds`` / ``policy_certificate`` / ``policy_predicted_tok_s``, validated."""
+    cols = pol["columns"]
+    M = len(B)
+    v = e.get("policy_thresholds")
+    if "policy_thresholds" not in e:
+        raise fail(f"{name} is missing field 'policy_thresholds' (schema_version 3)")
+    if not isinstance(v, list) or len(v) != M:
+        raise fail(f"{name}.policy_thresholds must be a list of {M} lists (one per model), got {_short(v)}")
+    row = []
+    for j, r in enumerate(v):
+        if not isinstance(r, list) or len(r) != len(cols):
+            raise fail(f"{name}.policy_thresholds[{j}] must have {len(cols)} entries ({', '.join(cols)}), "
+                       f"got {_short(r)}")
+        for c, b in enumerate(r):
+            if b is None and c > 0:
+                continue
+            if not _is_int(b) or not 1 <= b <= n:
+                raise fail(f"{name}.policy_thresholds[{j}][{c}] ({cols[c]}) must be an integer in 1..{n} (N)"
+                           + (" or null (never)" if c > 0 else "") + f", got {_short(b)}")
+        row.append(tuple(r))
+    extra = sum(r[0] - 1 for r in row)
+    if extra >= n:
+        raise fail(f"{name}.policy_thresholds: the {cols[0]} thresholds {[r[0] for r in row]} are infeasible for "
+                   f"N = {n}: sum(B_i - 1) = {extra} must be < N (with every model idle nobody would launch)")
+    pc = e.get("policy_certificate")
+    if not isinstance(pc, str) or pc not in POLICY_CERTIFICATES:
+        raise fail(f"{name}.policy_certificate must be one of {', '.join(POLICY_CERTIFICATES)}, got {_short(pc)}")
+    if cert == "extrapolated" and pc != "thresholds":
+        raise fail(f"{name} is extrapolated: its policy_certificate must be 'thresholds' (its policy is its "
+                   f"threshold vector), got {_short(pc)}")
+    if pc == "thresholds" and any(any(b != B[j] for b in r) for j, r in enumerate(row)):
+        raise fail(f"{name}.policy_thresholds = {_short(v)} must repeat thresholds = {list(B)} in every column "
+                   f"(policy_certificate 'thresholds')")
+    pp = e.get("policy_predicted_tok_s")
+    if pp is not None and (not _is_num(pp) or pp < 0):
+        raise fail(f"{name}.policy_predicted_tok_s must be a finite number >= 0, got {_short(pp)}")
+    if pc == "local":
+        if pp is None:
+            raise fail(f"{name} has policy_certificate 'local' but no 'policy_predicted_tok_s'")
+        base = e.get("predicted_tok_s")
+        if _is_num(base) and pp < float(base) * (1 - 1e-9):
+            raise fail(f"{name}.policy_predicted_tok_s = {float(pp):g} is below predicted_tok_s = {float(base):g}: "
+                       f"the search starts from B*, so its policy cannot be worse")
+    prows.append(tuple(row))
+    pcerts.append(pc)
+    ppred.append(None if pp is None else float(pp))
 
 
 def _check_spec_agrees(doc: Mapping[str, Any], M: int, fail) -> None:
@@ -547,7 +781,18 @@ class WatchedThresholds:
         self.last_error = None
         return True
 
-    def lookup(self, active_requests: int) -> tuple:
+    def _maybe_refresh(self) -> None:
         if time.monotonic() - self._checked >= self.check_interval_s:
             self.refresh()
+
+    def lookup(self, active_requests: int) -> tuple:
+        self._maybe_refresh()
         return self.table.lookup(active_requests)
+
+    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any) -> int | None:
+        self._maybe_refresh()
+        return self.table.launch_threshold(active_requests, model, waiting, residual_ms)
+
+    def decide(self, active_requests: int, waiting: Any, residual_ms: Any) -> tuple:
+        self._maybe_refresh()
+        return self.table.decide(active_requests, waiting, residual_ms)

@@ -167,6 +167,8 @@ class Subserver:
         self.wake = asyncio.Event()
         self.active_view = 0
         self.busy = False
+        self.started_at = -math.inf  # loop time of the running (or last) batch's launch
+        self.batch_len = 0
         self.cap = rt.max_batch_size[index]
         # window statistics
         self.steps = 0
@@ -196,10 +198,71 @@ class Subserver:
                 if req.future is not None and not req.future.done():
                     req.future.set_result(req)
 
+    def policy_decision(self, now: float) -> tuple[bool, float | None]:
+        """A state-dependent launch policy (a schema-version-3 table): ``(launch now?, loop time of the next
+        re-evaluation or None)``.
+
+        The decision is taken, as in the chain, in the state after this instant's completions and routing
+        and before its launches: while a completion due now is not yet processed or a routed request is
+        still in a channel, nothing is decided (their processing wakes every subserver); a model that
+        launched at this very instant counts as idle.  The others' residual times come from the executor
+        (``step_end``).  Time alone changes the decision when a model that counted as idle now runs from the
+        next quantum on, and (``residual`` class) when the earliest running batch of the others comes to end
+        sooner than this model's own step: a timer re-evaluates then."""
+        rt, i = self.rt, self.index
+        eps, quantum = rt.eps_s, rt.quantum_s
+        if rt.in_flight:
+            return False, None
+        others = [s for s in rt.subservers if s is not self]
+        ends = {}
+        for s in others:
+            if s.busy:
+                end = rt.step_end(s)
+                if end is not None and end <= now + eps:
+                    return False, None   # its completion is due now and not yet processed
+                ends[s.index] = end
+        residual = [0.0] * rt.M
+        for s in others:
+            if s.busy and s.started_at < now - eps:
+                end = ends[s.index]
+                residual[s.index] = math.inf if end is None else (end - now) * 1000.0 / rt.time_scale
+        waiting = [len(s.waiting) for s in rt.subservers]
+        table = rt.thresholds
+        thr = table.launch_threshold(self.active_view, i, waiting, [min(r, 1e300) for r in residual])
+        if thr is not None and self.waiting and len(self.waiting) >= thr:
+            return True, None
+        wake = [s.started_at + quantum for s in others if s.busy and s.started_at >= now - eps]
+        if self.waiting and table.policy_class == "residual":
+            own = table.own_step_ms(i, len(self.waiting))
+            running = [ends[s.index] for s in others if s.busy and s.started_at < now - eps
+                       and ends[s.index] is not None]
+            if own is not None and running:
+                flip = min(running) - own * rt.time_scale / 1000.0 + quantum
+                if flip > now + eps:
+                    wake.append(flip)
+        return False, (min(wake) if wake else None)
+
+    async def _wait_wake(self, until: float | None) -> None:
+        if until is None:
+            await self.wake.wait()
+            return
+        timer = asyncio.get_running_loop().call_at(until, self.wake.set)
+        try:
+            await self.wake.wait()
+        finally:
+            timer.cancel()
+
     async def decoding_loop(self) -> None:
         rt, loop, i = self.rt, asyncio.get_running_loop(), self.index
         while True:
             while True:
+                if rt.uses_policy():
+                    go, until = self.policy_decision(loop.time())
+                    if go:
+                        break
+                    self.wake.clear()
+                    await self._wait_wake(until)
+                    continue
                 b = rt.thresholds.lookup(self.active_view)[i]
                 if self.waiting and len(self.waiting) >= b:
                     break
@@ -219,6 +282,11 @@ class Subserver:
                     self.wait_total_s += t0 - r.arrived_at
                     self.waits += 1
             self.busy = True
+            self.started_at = t0
+            self.batch_len = len(batch)
+            policy = rt.uses_policy()
+            if policy:
+                rt.notify_all()  # the others re-evaluate: this model runs from the next quantum on
             tokens = await rt.executor.step(i, batch)
             self.busy = False
             t1 = loop.time()
@@ -243,7 +311,10 @@ class Subserver:
                 else:
                     r.state = "pending"
                     r.hops += 1
+                    rt.in_flight += 1
                     self.channel.put_nowait(("send", j, r))
+            if policy:
+                rt.notify_all()  # this completion is processed: decisions of this instant may be taken
 
     async def inter_model_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -252,7 +323,10 @@ class Subserver:
             if msg[0] == "send":
                 self.rt.subservers[msg[1]].channel.put_nowait(("peer", msg[2]))
             elif msg[0] == "peer":
+                self.rt.in_flight -= 1
                 self.enqueue(msg[1], loop.time())
+                if self.rt.in_flight == 0 and self.rt.uses_policy():
+                    self.rt.notify_all()
             else:  # ("ctl", delta): admission or finish somewhere in the system
                 self.active_view += msg[1]
                 self.wake.set()
@@ -312,6 +386,32 @@ class TokenRouterRuntime:
         self.request_speeds: list[float] = []
         self.subservers = [Subserver(self, i) for i in range(num_models)]
         self.tasks: list[asyncio.Task] = []
+        self.in_flight = 0  # routed requests in a channel, not yet in their next queue
+        delta_ms = getattr(thresholds, "delta_ms", None) or 0.1
+        self.quantum_s = float(delta_ms) * self.time_scale / 1000.0  # a policy's decision epoch
+        self.eps_s = 1e-6 * self.quantum_s
+
+    def uses_policy(self) -> bool:
+        """Whether the thresholds carry a state-dependent launch policy (a schema-version-3 table)."""
+        return getattr(self.thresholds, "policy_class", None) is not None
+
+    def notify_all(self) -> None:
+        for s in self.subservers:
+            s.wake.set()
+
+    def step_end(self, sub: "Subserver") -> float | None:
+        """Loop time at which ``sub``'s running batch ends (the executor's ``step_end``), else an estimate from
+        the table's step lengths, else None (unknown)."""
+        f = getattr(self.executor, "step_end", None)
+        if f is not None:
+            end = f(sub.index)
+            if end is not None:
+                return end
+        steps = getattr(self.thresholds, "policy_step_ms", ())
+        if steps:
+            row = steps[sub.index]
+            return sub.started_at + row[max(1, min(sub.batch_len, len(row))) - 1] * self.time_scale / 1000.0
+        return None
 
     def in_window(self, t: float) -> bool:
         return self.t_start <= t <= self.t_end

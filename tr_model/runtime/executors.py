@@ -11,7 +11,11 @@ id of every request in the batch (or ``None`` when no real tokens exist).
   ``extend_ms_per_token``, so that the two can be checked against each
   other), and, with ``corun_slowdown``, stretched while other models run
   (model i progresses at rate ``1 / prod_k f_ik`` over the running models k,
-  the simulator's law).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
+  the simulator's rate-sharing law), or, with ``corun_latency_ms``, by the chain's *launch law*: a batch
+  launched while another model runs (after this instant's completions) or launches at the same instant
+  lasts ``corun_latency_ms(model, b)`` instead of ``L_i(b)``, fixed at its launch.
+  ``step_end(model)`` gives the loop time at which the model's running step ends (a state-dependent
+  launch policy reads the others' residual times from it).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
   inside a step, and records how far each wake-up overshot the deadline: with
   asyncio on Linux the overshoot is typically 0-1 ms (epoll's millisecond
   timeout granularity), so ``time_scale`` must make the shortest step long
@@ -52,9 +56,16 @@ class EmulatedExecutor(StepExecutor):
 
     def __init__(self, latency_ms: Callable[[int, int], float], time_scale: float = 1.0,
                  extend_ms_per_token: Callable[[int, int], float] | None = None,
-                 corun_slowdown: Sequence[Sequence[float]] | None = None):
+                 corun_slowdown: Sequence[Sequence[float]] | None = None,
+                 corun_latency_ms: Callable[[int, int], float] | None = None):
         if not (time_scale > 0):
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        if corun_slowdown is not None and corun_latency_ms is not None:
+            raise ValueError("corun_slowdown (rate-sharing law) and corun_latency_ms (launch law) are two laws "
+                             "of co-running; give one")
+        self.corun_latency_ms = corun_latency_ms
+        self._law: dict[int, dict] = {}      # launch law: model -> its running step
+        self._ends: dict[int, float] = {}    # solo steps: model -> deadline
         self.latency_ms = latency_ms
         self.extend_ms_per_token = extend_ms_per_token
         self.corun = [list(map(float, row)) for row in corun_slowdown] if corun_slowdown is not None else None
@@ -69,6 +80,7 @@ class EmulatedExecutor(StepExecutor):
     async def step(self, model: int, batch: Sequence[Any]) -> None:
         loop = asyncio.get_running_loop()
         ms = self.latency_ms(model, len(batch))
+        base_s = ms * self.time_scale / 1000.0
         if self.extend_ms_per_token is not None:
             # the catch-up a real executor pays: each row feeds the tokens this model has not seen (prompt +
             # committed tokens since the request's last step here); the batch is as long as its longest row
@@ -79,12 +91,19 @@ class EmulatedExecutor(StepExecutor):
                 r.executor_state[("seen", model)] = have
             ms += self.extend_ms_per_token(model, len(batch)) * (T - 1.0)
         nominal = ms * self.time_scale / 1000.0
+        if self.corun_latency_ms is not None:
+            co = self.corun_latency_ms(model, len(batch)) * self.time_scale / 1000.0 + (nominal - base_s)
+            await self._launch_law_step(loop, model, nominal, co)
+            self.nominal_s_total += nominal
+            self.steps += 1
+            return None
         if self.corun is not None:
             await self._shared_step(loop, model, nominal)
             self.nominal_s_total += nominal
             self.steps += 1
             return None
         deadline = loop.time() + nominal
+        self._ends[model] = deadline
         while True:
             left = deadline - loop.time()
             if left <= 0:
@@ -97,6 +116,44 @@ class EmulatedExecutor(StepExecutor):
         self.overshoot_s_by_model[model] = self.overshoot_s_by_model.get(model, 0.0) + late
         self.steps_by_model[model] = self.steps_by_model.get(model, 0) + 1
         return None
+
+    def step_end(self, model: int) -> float | None:
+        """Loop time at which ``model``'s running step ends (None when it runs none)."""
+        if self.corun_latency_ms is not None:
+            e = self._law.get(model)
+            return None if e is None else e["end"]
+        if self.corun is not None:
+            e = self._running.get(model)
+            return None if e is None or e["handle"] is None else e["handle"].when()
+        return self._ends.get(model)
+
+    # ---- co-running, launch law: the duration is fixed at launch by whether another model runs ------------
+    async def _launch_law_step(self, loop: Any, model: int, solo_s: float, co_s: float) -> None:
+        now = loop.time()
+        eps = 1e-9 + 1e-12 * abs(now)
+        beside = any(k != model and (e["end"] > now + eps or abs(e["start"] - now) <= eps)
+                     for k, e in self._law.items())
+        fut = loop.create_future()
+        entry = {"start": now, "end": now + (co_s if beside else solo_s), "co_s": co_s, "co": beside, "fut": fut}
+        for k, e in self._law.items():  # a launch of this same instant that went solo runs beside this one
+            if k != model and abs(e["start"] - now) <= eps and not e["co"]:
+                e["co"], e["end"] = True, e["start"] + e["co_s"]
+                e["handle"].cancel()
+                e["handle"] = loop.call_at(e["end"], self._law_done, k, e)
+        entry["handle"] = loop.call_at(entry["end"], self._law_done, model, entry)
+        self._law[model] = entry
+        try:
+            await fut
+        finally:
+            if self._law.get(model) is entry:  # cancelled (the run ended)
+                entry["handle"].cancel()
+                del self._law[model]
+
+    def _law_done(self, model: int, entry: dict) -> None:
+        if self._law.get(model) is entry:
+            del self._law[model]
+        if not entry["fut"].done():
+            entry["fut"].set_result(None)
 
     # ---- co-running: models share the device and progress at rate 1 / prod_k corun[i][k] ----------------------
     def _advance(self, now: float) -> None:

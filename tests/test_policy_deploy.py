@@ -380,3 +380,13 @@ def test_cli_optimize_policy_prints_and_writes_the_file(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err, err
+
+
+def test_export_r2r_of_a_v3_file_exports_b_star_and_says_what_is_lost(v3, capsys):
+    from tr_model.autotune_cli import main
+    assert main(["export", "r2r", "--thresholds", str(v3[0]), "--N", "8"]) == 0
+    cap = capsys.readouterr()
+    B = [v3[1].lookup(n) for n in range(1, 9)]
+    assert cap.out.split() == ["--slm-min-batch-size", ",".join(str(b[0]) for b in B),
+                               "--llm-min-batch-size", ",".join(str(b[1]) for b in B)]
+    assert "state-dependent residual policy" in cap.err and "worth up to 1.17 %" in cap.err

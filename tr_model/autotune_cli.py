@@ -535,6 +535,25 @@ def _embedded_spec(path: str):
         return None
 
 
+def _policy_export_notes(table, K: int) -> list:
+    """A version-3 file: which rows carry a launch policy R2R's per-N lists cannot run, and its worth."""
+    if table.policy_class is None:
+        return []
+    lost = []
+    for n in range(1, min(K, len(table.thresholds)) + 1):
+        row, B = table.policy_of(n), table.lookup(n)
+        if any(any(b != B[j] for b in r) for j, r in enumerate(row)):
+            pp, pred = table.policy_predicted_tok_s[n - 1], table.predicted(n)
+            lost.append((n, pp / pred - 1.0 if pp is not None and pred else None))
+    if not lost:
+        return [f"the file's {table.policy_class} policy equals B*(N) at N = 1..{K}: the lists carry all of it"]
+    gains = [g for _, g in lost if g is not None]
+    worth = f" (worth up to {100 * max(gains):.2f} % over B*)" if gains else ""
+    return [f"the file carries a state-dependent {table.policy_class} policy at {len(lost)} of N = 1..{K}{worth}; "
+            f"R2R's --slm/--llm-min-batch-size lists take B*(N) only, exported here (docs/autotune.md, 'A "
+            f"state-dependent policy on R2R')"]
+
+
 def _cmd_export(a) -> int:
     from tr_model.export import r2r_launch_args, r2r_spec_notes
     from tr_model.thresholds import ThresholdTable
@@ -545,6 +564,7 @@ def _cmd_export(a) -> int:
     table = ThresholdTable.load(a.thresholds)
     args = r2r_launch_args(table, a.N)
     notes = args.provenance_lines() + r2r_spec_notes(_embedded_spec(a.thresholds))
+    notes += _policy_export_notes(table, args.max_concurrency)
     if args.max_concurrency == 1:
         notes.append("with one entry R2R reads each flag as an int (its large model then ignores it); "
                      "B*(1) = (1, 1) is eager anyway")

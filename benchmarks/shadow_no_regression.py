@@ -12,6 +12,13 @@ Usage::
 
     PYTHONPATH=. .venv/bin/python benchmarks/shadow_no_regression.py [--seeds 0 1 2 3 4 5] [--loads 0.5 0.7 0.9]
         [--cold-ages 0 5 120] [--switch-probs 0.05 0.45] [--pairs qwen2.5-7b,llama-3.1-70b ...] [--jsonl FILE]
+    PYTHONPATH=. .venv/bin/python benchmarks/shadow_no_regression.py --summarize FILE.jsonl [FILE.jsonl ...]
+
+``--summarize`` reads the ``--jsonl`` records of several runs (for a configuration run more than once, the
+record with the most seeds, then the last one), prints which corners of the grid (load x cold age x switch
+probability x pair) are covered, and per approach the largest paired t = mean / SE against two one-sided 1%
+thresholds: per configuration ``t(0.99, n-1)`` (what the table flags with '!') and Bonferroni-corrected over the
+k configurations, ``t(1 - 0.01/k, n-1)`` (a family-wise 1% level; it only raises the threshold).
 """
 
 from __future__ import annotations
@@ -76,8 +83,52 @@ def run_config(pair, rho, cold, p, seeds, a, cap):
     return d
 
 
+def summarize(paths, a):
+    recs = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                key = (tuple(r["pair"]), float(r["rho"]), float(r["cold_age_s"]), float(r["switch_prob"]),
+                       r.get("credit_gate"))
+                if key not in recs or len(r["seeds"]) >= len(recs[key]["seeds"]):
+                    recs[key] = r
+    keys = sorted(recs)
+    want = [(tuple(pr.split(",")), float(r), float(c), float(p)) for pr, r, c, p in
+            itertools.product(a.pairs, a.loads, a.cold_ages, a.switch_probs)]
+    missing = [w for w in want if not any(k[:4] == w for k in keys)]
+    print(f"# {len(keys)} configurations from {len(paths)} file(s); of the {len(want)} of --pairs x --loads x "
+          f"--cold-ages x --switch-probs, missing {len(missing)}" +
+          (": " + "; ".join(f"{'/'.join(c[0])} load {c[1]:g} cold {c[2]:g} s p {c[3]:g}" for c in missing)
+           if missing else ""))
+    approaches = sorted({k.split("|")[0] for r in recs.values() for k in r if "|" in k})
+    for apn in approaches:
+        for what in ("all", "switch"):
+            rows = []
+            for key in keys:
+                v = recs[key].get(f"{apn}|{what}")
+                if v is None or not math.isfinite(v["se_pct"]) or v["se_pct"] <= 0:
+                    continue
+                n = len(recs[key]["seeds"])
+                rows.append((v["mean_pct"] / v["se_pct"], n, key, v))
+            if not rows:
+                continue
+            k = len(rows)
+            sig = [r for r in rows if r[0] > sps.t.ppf(0.99, r[1] - 1)]
+            sig_b = [r for r in rows if r[0] > sps.t.ppf(1 - 0.01 / k, r[1] - 1)]
+            t, n, key, v = max(rows, key=lambda r: r[0])
+            print(f"{apn:17s} {what:6s} k={k:2d}  largest t = {t:+5.2f} ({'/'.join(key[0])} load {key[1]:g} cold "
+                  f"{key[2]:g} s p {key[3]:g}: {v['mean_pct']:+.2f} +- {v['se_pct']:.2f}%, n = {n}; t(0.99) = "
+                  f"{sps.t.ppf(0.99, n - 1):.2f}, Bonferroni t(1-0.01/{k}) = {sps.t.ppf(1 - 0.01 / k, n - 1):.2f}); "
+                  f"significant: {len(sig)} per configuration, {len(sig_b)} family-wise" +
+                  ("".join(f"\n    ! {'/'.join(r[2][0])} load {r[2][1]:g} cold {r[2][2]:g} s p {r[2][3]:g}: "
+                           f"{r[3]['mean_pct']:+.2f} +- {r[3]['se_pct']:.2f}% (t = {r[0]:.2f}, n = {r[1]})"
+                           for r in sig)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summarize", nargs="+", metavar="JSONL", help="summarize the --jsonl records of earlier runs")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
     ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     ap.add_argument("--cold-ages", type=float, nargs="+", default=[0.0, 5.0, 120.0])
@@ -94,6 +145,9 @@ def main():
     ap.add_argument("--drain-s", type=float, default=900.0)
     ap.add_argument("--jsonl", default=None)
     a = ap.parse_args()
+    if a.summarize:
+        summarize(a.summarize, a)
+        return
     sizes = synthetic_request_sizes()
     print(f"# {len(a.seeds)} seeds; {a.instances} + {a.instances} instances, {a.session_rate} sessions/s, "
           f"{a.warmup_s:g} s warm-up + {a.measure_s:g} s measured; paired d = mean_a / mean_NoShadow - 1 (%), "

@@ -390,3 +390,19 @@ def test_export_r2r_of_a_v3_file_exports_b_star_and_says_what_is_lost(v3, capsys
     assert cap.out.split() == ["--slm-min-batch-size", ",".join(str(b[0]) for b in B),
                                "--llm-min-batch-size", ",".join(str(b[1]) for b in B)]
     assert "state-dependent residual policy" in cap.err and "worth up to 1.17 %" in cap.err
+
+
+def test_runtime_estimates_the_others_end_from_the_file_without_step_end(v3):
+    """An executor that does not report step_end (a real GPU executor): the runtime estimates the other's end
+    from its launch time and the file's step_ms; with constant latencies the estimate is exact, so the rule
+    holds as before."""
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+
+    class NoEnd(_LaunchLog):
+        step_end = None
+
+    spec = _r2r()
+    ex = NoEnd(EmulatedExecutor(spec.latency_ms))
+    r = measure_closed_loop(spec, 8, v3[1], ex, duration_s=20.0, warmup_s=1.0, clock="virtual",
+                            max_output_tokens=10 ** 9)
+    assert ex.slm_launches > 1000 and ex.slm_beside_short == 0 and r.throughput_tok_s > 390

@@ -214,18 +214,19 @@ class Subserver:
         if rt.in_flight:
             return False, None
         others = [s for s in rt.subservers if s is not self]
+        exact = getattr(rt.executor, "step_end", None) is not None
         ends = {}
         for s in others:
             if s.busy:
                 end = rt.step_end(s)
-                if end is not None and end <= now + eps:
+                if exact and end is not None and end <= now + eps:
                     return False, None   # its completion is due now and not yet processed
                 ends[s.index] = end
         residual = [0.0] * rt.M
         for s in others:
             if s.busy and s.started_at < now - eps:
                 end = ends[s.index]
-                residual[s.index] = math.inf if end is None else (end - now) * 1000.0 / rt.time_scale
+                residual[s.index] = math.inf if end is None else max(0.0, (end - now) * 1000.0 / rt.time_scale)
         waiting = [len(s.waiting) for s in rt.subservers]
         table = rt.thresholds
         thr = table.launch_threshold(self.active_view, i, waiting, [min(r, 1e300) for r in residual])

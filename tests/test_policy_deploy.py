@@ -406,3 +406,39 @@ def test_runtime_estimates_the_others_end_from_the_file_without_step_end(v3):
     r = measure_closed_loop(spec, 8, v3[1], ex, duration_s=20.0, warmup_s=1.0, clock="virtual",
                             max_output_tokens=10 ** 9)
     assert ex.slm_launches > 1000 and ex.slm_beside_short == 0 and r.throughput_tok_s > 390
+
+
+def test_tr_autotune_serve_runs_a_v3_file(v3):
+    """The command line server loads the version-3 file (watched) and reports the policy row in /health."""
+    import threading
+    import urllib.request
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "tr_model.autotune_cli", "serve", "--thresholds", str(v3[0]),
+                             "--port", "0", "--N", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        box = []
+        t = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(120)
+        assert box and "http://" in box[0], proc.stderr.read() if proc.poll() is not None else box
+        url = box[0].split(" on ")[-1].strip()
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            health = json.loads(r.read())
+        assert health["thresholds"]["policy"]["class"] == "residual"
+        assert health["thresholds"]["policy"]["columns"] == ["others_idle", "others_end_later", "others_end_sooner"]
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(
+            {"model": "tokenrouter", "prompt": "hello", "max_tokens": 8}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+        assert out["usage"]["completion_tokens"] == 8
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()

@@ -70,7 +70,7 @@ def measure(spec, N, thresholds, virtual_s, seed=0):
 def virtual_rows(a, out: list) -> None:
     from optimizer.search import optimize_thresholds
 
-    for corun in ([None] + ([a.corun_slowdown] if a.corun_slowdown else [])):
+    for corun in ([] if a.skip_solo else [None]) + ([a.corun_slowdown] if a.corun_slowdown else []):
         spec = tr_model.preset("r2r", a.L, p=a.p)
         if corun:
             spec = spec.with_corun(list(corun))
@@ -175,6 +175,7 @@ def main() -> int:
     ap.add_argument("--N", type=int, nargs="*", default=[4, 8, 16, 32])
     ap.add_argument("--corun-slowdown", type=float, nargs=2, default=[2.8, 1.05], help="co-running factors "
                     "(0 0: no co-running rows)")
+    ap.add_argument("--skip-solo", action="store_true", help="only the co-running rows")
     ap.add_argument("--classes", nargs="+", default=["busy", "residual"])
     ap.add_argument("--virtual-s", type=float, default=400.0)
     ap.add_argument("--max-process-states", type=int, default=1_500_000)

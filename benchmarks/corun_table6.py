@@ -16,9 +16,11 @@ Sections (each printed as a markdown table; what is fitted and what is predicted
 ``bstar``   B*(N) for N = 1..64 with and without co-running (``search="auto"``, exact), constant L, the
             fitted F0.
 ``speed``   a co-running chain at R2R N = 32 next to today's chain (alternating runs, medians), and the
-            pruned search N = 1..64 with and without co-running, side by side in one run.
+            pruned search N = 1..64 with and without co-running, side by side in one run (``sweeps``:
+            the search part alone; ``--before`` adds the co-running search with the slot rule used
+            before, every step of both tables within 4 % / 1.5 %).
 
-    .venv/bin/python benchmarks/corun_table6.py fit h200 bstar speed [--profiles DIR]
+    .venv/bin/python benchmarks/corun_table6.py fit h200 bstar speed sweeps [--profiles DIR] [--before]
 """
 
 from __future__ import annotations
@@ -192,9 +194,10 @@ def bstar_table(F0, Ns, solo, cor, how) -> str:
     ratio0 = [c.best_B[0] / max(1, s.best_B[0]) for s, c in zip(solo, cor) if s.N >= 16]
     ratio1 = [c.best_B[1] / max(1, s.best_B[1]) for s, c in zip(solo, cor) if s.N >= 16]
     gains = [c.gain_vs_eager for c in cor if c.N >= 16]
-    md += ["", f"N = 16..{Ns[-1]}: B*_0 with co-running / without {min(ratio0):.2f}-{max(ratio0):.2f}, "
-               f"B*_1 {min(ratio1):.2f}-{max(ratio1):.2f}; gain over eager with co-running "
-               f"x{min(gains):.3f}-x{max(gains):.3f}."]
+    if ratio0:
+        md += ["", f"N = 16..{Ns[-1]}: B*_0 with co-running / without {min(ratio0):.2f}-{max(ratio0):.2f}, "
+                   f"B*_1 {min(ratio1):.2f}-{max(ratio1):.2f}; gain over eager with co-running "
+                   f"x{min(gains):.3f}-x{max(gains):.3f}."]
     print("\n".join(md), flush=True)
     return "\n".join(md)
 
@@ -235,37 +238,82 @@ def speed(a) -> str:
     for label, B, ns, nc, s, c in rows:
         md.append(f"| {label} | {B} | {ns:,} | {nc:,} | {s:.2f} | {c:.2f} | {c / s:.2f}x | "
                   f"{(c / nc) / (s / ns):.2f}x |")
-    # 2. pruned search N = 1..nmax, with and without co-running (one run each, alternating halves)
-    Ns = list(range(1, a.nmax + 1))
+    # 2. pruned search N = 1..nmax, with and without co-running, interleaved N by N (so that a change of
+    # the machine's load falls on both), each variant started near its own B*(N - 1) as optimize_sweep does
+    md += ["", pruned_sweeps(a, F0)]
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def pruned_sweeps(a, F0) -> str:
+    """The pruned search N = 1..nmax without co-running, with it (today's slot choice), and with it under
+    the union slot rule used before (``--before``), interleaved N by N; wall and CPU seconds."""
+    from optimizer.branch import auto_coarse
+    from optimizer.search import optimize_thresholds
+
+    def union_levels(spec, N):
+        from optimizer.bounds import Bounder
+        b = Bounder(spec, N, round_to_grid=True)
+        steps = np.concatenate([b.d, b.dco])
+        return tuple(sorted({auto_coarse(steps, 0.04), auto_coarse(steps, 0.015)} - {1}, reverse=True))
+
     co = CONST.with_corun([{"slowdown": F0}, None])
-    t = time.perf_counter()
-    r_s = optimize_sweep(CONST, Ns, search="pruned", workers=a.workers)
-    t_s = time.perf_counter() - t
-    load_mid = _load()[0]
-    t = time.perf_counter()
-    r_c = optimize_sweep(co, Ns, search="pruned", workers=a.workers, round_to_grid=True)
-    t_c = time.perf_counter() - t
-    md += ["", f"Pruned search N = 1..{a.nmax} (`optimize_sweep(search=\"pruned\", workers={a.workers})`), one run "
-           f"each, back to back (load average {load_mid:.1f} between them); target: co-running <= 2x:", "",
-           "| sweep | seconds | chains evaluated | vectors pruned |", "|---|---|---|---|",
-           f"| today | {t_s:.1f} | {sum(o.evaluated for o in r_s):,} | {sum(o.pruned for o in r_s):,} |",
-           f"| co-running x{F0:.4f} | {t_c:.1f} | {sum(o.evaluated for o in r_c):,} | {sum(o.pruned for o in r_c):,} |",
-           "", f"Ratio {t_c / t_s:.2f}x; load average at the end {_load()[0]:.1f}.", "",
-           bstar_table(F0, Ns, r_s, r_c, f"from these two pruned sweeps (exact, certificate `pruned-exact`; "
-                                         f"B* equals `search=\"auto\"`'s)")]
+    variants = [("today (no co-running)", CONST, False), (f"co-running x{F0:.4f}", co, False)]
+    if a.before:
+        variants.append((f"co-running x{F0:.4f}, slots as before (union rule)", co, True))
+    Ns = list(range(1, a.nmax + 1))
+    res = {v[0]: [] for v in variants}
+    wall = {v[0]: 0.0 for v in variants}
+    cpu = {v[0]: 0.0 for v in variants}
+    prev = {v[0]: None for v in variants}
+    for label, spec, old in variants:     # load the compiled kernels before anything is timed
+        optimize_thresholds(spec, 24, search="pruned", round_to_grid=True,
+                            **({"coarse": union_levels(spec, 24)} if old else {}))
+    loads = [_load()[0]]
+    for N in Ns:
+        for label, spec, old in variants:
+            kw = {"coarse": union_levels(spec, N)} if old else {}
+            t, c = time.perf_counter(), time.process_time()
+            o = optimize_thresholds(spec, N, search="pruned", start=prev[label], round_to_grid=True, **kw)
+            wall[label] += time.perf_counter() - t
+            cpu[label] += time.process_time() - c
+            prev[label] = o.best_B
+            res[label].append(o)
+        if N % 8 == 0:
+            loads.append(_load()[0])
+            print(f"N = {N}: " + ", ".join(f"{k}: {wall[k]:.0f} s wall / {cpu[k]:.0f} s CPU" for k in wall),
+                  flush=True)
+    base = variants[0][0]
+    md = [f"Pruned search N = 1..{a.nmax} (`optimize_thresholds(search=\"pruned\")` N by N, each started at its "
+          f"own B*(N - 1), the variants interleaved N by N; load average {min(loads):.1f}-{max(loads):.1f}); "
+          "target: co-running <= 2x today's:", "",
+          "| sweep | wall s | CPU s | wall ratio | CPU ratio | chains evaluated | vectors pruned | B* as today's co-running |",
+          "|---|---|---|---|---|---|---|---|"]
+    ref = [o.best_B for o in res[variants[1][0]]]
+    for label, _, _ in variants:
+        same = "-" if label == base else ("yes" if [o.best_B for o in res[label]] == ref else "NO")
+        md.append(f"| {label} | {wall[label]:.1f} | {cpu[label]:.1f} | {wall[label] / wall[base]:.2f}x | "
+                  f"{cpu[label] / cpu[base]:.2f}x | {sum(o.evaluated for o in res[label]):,} | "
+                  f"{sum(o.pruned for o in res[label]):,} | {same} |")
+    certs = sorted({o.certificate for rows in res.values() for o in rows})
+    md += ["", f"Certificates: {', '.join(certs)}.", "",
+           bstar_table(F0, Ns, res[base], res[variants[1][0]], "from these pruned sweeps (exact, certificate "
+                       "`pruned-exact`; B* equals `search=\"auto\"`'s)")]
     print("\n".join(md), flush=True)
     return "\n".join(md)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="+", choices=("fit", "h200", "bstar", "speed"))
+    ap.add_argument("what", nargs="+", choices=("fit", "h200", "bstar", "speed", "sweeps"))
     ap.add_argument("--profiles", default=DEFAULT_PROFILES)
     ap.add_argument("--steps", type=int, default=300_000, help="simulated request-steps (rate-sharing comparison)")
     ap.add_argument("--f0", type=float, default=None, help="small-model factor for bstar/speed (default: fit it)")
     ap.add_argument("--nmax", type=int, default=64)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--before", action="store_true",
+                    help="speed/sweeps: also the co-running sweep with the slots chosen as before (union rule)")
     a = ap.parse_args(argv)
     print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, load {_load()}", flush=True)
     out = []
@@ -278,7 +326,7 @@ def main(argv=None):
             if a.f0 is None:
                 print("error: --f0 is needed for bstar/speed (run fit first)", file=sys.stderr)
                 return 2
-            out.append({"bstar": bstar, "speed": speed}[w](a))
+            out.append({"bstar": bstar, "speed": speed, "sweeps": lambda a: pruned_sweeps(a, a.f0)}[w](a))
     return 0
 
 

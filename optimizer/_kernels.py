@@ -440,6 +440,24 @@ def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
 # launch rule of the box.  Every trajectory of the fine chain is one history-dependent policy of
 # it, so its certificate bounds the fine chain; the state space shrinks by about c per residual.
 
+@njit(cache=True, inline="always")
+def _same_span(cfg, c, first, ch, caps, dur, co, M):
+    """Whether the launch choice ``first + ch`` of row ``c`` picks a ceil (2) for some model whose
+    floor and ceil spans are equal in the table the launch law gives (``co``): that row is the same
+    as the one with the floor, so listing it again adds nothing (only the co-running case can have
+    such choices: ``two`` looks at both tables)."""
+    for j in range(M):
+        if first[j] + ch[j] == 2:
+            k = cfg[c, j]
+            take = k if k < caps[j] else caps[j]
+            if co:
+                if dur[2, j, take] == dur[3, j, take]:
+                    return True
+            elif dur[0, j, take] == dur[1, j, take]:
+                return True
+    return False
+
+
 @njit(cache=True)
 def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
     """Expand configurations ``cfg[:ncfg]`` (rows k | b | r | wmax | lmin) by every allowed launch decision
@@ -480,24 +498,25 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
                 if first[j] + ch[j] > 0:
                     nl += 1
             co = corun and (nrun > 0 or nl > 1)
-            for x in range(5 * M):
-                out[nout, x] = cfg[c, x]
-            for j in range(M):
-                a = first[j] + ch[j]
-                k = cfg[c, j]
-                if a > 0:
-                    take = k if k < caps[j] else caps[j]
-                    out[nout, j] = k - take
-                    out[nout, M + j] = take
-                    if co:
-                        out[nout, 2 * M + j] = dur[2, j, take] if a == 1 else dur[3, j, take]
-                    else:
-                        out[nout, 2 * M + j] = dur[0, j, take] if a == 1 else dur[1, j, take]
-                    if k < out[nout, 4 * M + j]:
-                        out[nout, 4 * M + j] = k
-                elif nch[j] > 1 and k > out[nout, 3 * M + j]:
-                    out[nout, 3 * M + j] = k          # chose to wait at k
-            nout += 1
+            if not (corun and _same_span(cfg, c, first, ch, caps, dur, co, M)):
+                for x in range(5 * M):
+                    out[nout, x] = cfg[c, x]
+                for j in range(M):
+                    a = first[j] + ch[j]
+                    k = cfg[c, j]
+                    if a > 0:
+                        take = k if k < caps[j] else caps[j]
+                        out[nout, j] = k - take
+                        out[nout, M + j] = take
+                        if co:
+                            out[nout, 2 * M + j] = dur[2, j, take] if a == 1 else dur[3, j, take]
+                        else:
+                            out[nout, 2 * M + j] = dur[0, j, take] if a == 1 else dur[1, j, take]
+                        if k < out[nout, 4 * M + j]:
+                            out[nout, 4 * M + j] = k
+                    elif nch[j] > 1 and k > out[nout, 3 * M + j]:
+                        out[nout, 3 * M + j] = k          # chose to wait at k
+                nout += 1
             j = 0
             while j < M:
                 ch[j] += 1
@@ -561,7 +580,11 @@ def _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow, ol, nopt
             if first[j] + ch[j] > 0:
                 nl += 1
         co = corun and (nrun > 0 or nl > 1)
+        # a ceil choice whose span equals the floor's gives the floor's row again: skip it
+        skip = corun and _same_span(cfg, c, first, ch, caps, dur, co, M)
         for j in range(M):
+            if skip:
+                break
             a = first[j] + ch[j]
             k = cfg[c, j]
             ow[nopt, j] = cfg[c, 3 * M + j]

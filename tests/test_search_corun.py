@@ -9,6 +9,7 @@ import pytest
 
 import tr_model
 from optimizer.bounds import Bounder, PolicyBounds, box_bound, no_wait_bound, policy_bound, scaling_valid
+from optimizer.branch import auto_coarse, coarse_levels
 from optimizer.evaluate import evaluate_thresholds
 from optimizer.mean_field import mean_field_throughput
 from optimizer.search import optimize_thresholds
@@ -191,6 +192,38 @@ def test_pruned_equals_exhaustive_r2r_probe_factors():
         assert pr.evaluated < ex.evaluated     # the bounds did prune
         au = tr_model.optimize(spec, N, search="auto", round_to_grid=True)
         assert au.best_B == ex.best_B
+
+
+def test_coarse_levels_keep_a_long_first_slot_under_corun():
+    # R2R on the 0.1 ms grid: solo steps 60 and 279 quanta; the small model x2.15 co-running: 129
+    d = np.array([[0, 60, 60], [0, 279, 279]])
+    dco = np.array([[0, 129, 129], [0, 279, 279]])
+    both = np.concatenate([d, dco])
+    assert coarse_levels(d) == (30, 12)                # solo: the slots of the search without co-running
+    assert coarse_levels(d, d) == (30, 12)             # factor 1: the same
+    assert auto_coarse(both, 0.04) == 6                # one rule over both tables: a 5x shorter slot
+    levels = coarse_levels(d, dco)
+    assert levels == (30, 6)                           # a cheap screen on the solo steps, then the tight slot
+    assert auto_coarse(d, 0.04, dco=dco, co_inflation=0.05) < 30     # 129 -> 120 is 7.5 % faster
+    for c in levels:                                   # every step, solo or co-running, spans two slots
+        assert (both[:, 1:] // c).min() >= 2
+    # the probe's factors (168 and 293 quanta): 30 would make the small model's step 12 % faster
+    assert coarse_levels(d, np.array([[0, 168, 168], [0, 293, 293]]))[0] == 15
+
+
+def test_pruned_equals_exhaustive_r2r_fitted_factor():
+    # the small model x13/6 on the 0.2 ms grid (steps 30, 140; co-running 65): the first slot (15)
+    # is chosen for the solo steps, longer than one rule over both tables allows (5)
+    spec = preset("r2r", [6.0, 28.0], p=0.35, corun_latency=[13.0 / 6.0, 1.0], delta_ms=0.2)
+    b = Bounder(spec, 16, round_to_grid=True)
+    assert coarse_levels(b.d, b.dco) == (15, 5) and auto_coarse(np.concatenate([b.d, b.dco]), 0.04) == 5
+    for N in (16, 24):
+        ex = optimize_thresholds(spec, N, search="exhaustive", round_to_grid=True)
+        stats: dict = {}
+        pr = optimize_thresholds(spec, N, search="pruned", round_to_grid=True, stats=stats)
+        assert pr.best_B == ex.best_B and pr.certificate == "pruned-exact"
+        assert pr.throughput_tok_s == pytest.approx(ex.throughput_tok_s, rel=1e-12)
+        assert pr.evaluated < ex.evaluated and stats.get("boxes_pruned", 0) > 0
 
 
 def test_mean_field_guide_follows_the_law():

@@ -55,8 +55,10 @@ top-level ``policy`` object naming a compact policy class and, in every row, tha
                  "policy_certificate": "local", "policy_predicted_tok_s": 208.56}, ...]
 
 ``policy_thresholds[j][c]`` is model j's threshold in situation ``columns[c]`` (``null``: never launch in
-that situation).  The situation is read in the state right after the instant's completions and routing and
-before any launch of that instant (a model that launches at this very instant still counts as idle):
+that situation).  The situation is read at an event (a completion and its routing, an arrival; not as time
+passes: a waiting model decides again at the next event), in the state right after the instant's completions
+and routing and before any launch of that instant (a model that launches at this very instant still counts
+as idle):
 
 * class ``busy``: ``others_idle`` while no other model runs a batch, ``others_busy`` while one does;
 * class ``residual``: ``others_idle``; ``others_end_later`` while the earliest-ending running batch of the

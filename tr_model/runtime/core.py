@@ -198,71 +198,44 @@ class Subserver:
                 if req.future is not None and not req.future.done():
                     req.future.set_result(req)
 
-    def policy_decision(self, now: float) -> tuple[bool, float | None]:
-        """A state-dependent launch policy (a schema-version-3 table): ``(launch now?, loop time of the next
-        re-evaluation or None)``.
+    def policy_decision(self, now: float) -> bool:
+        """A state-dependent launch policy (a schema-version-3 table): launch now?
 
-        The decision is taken, as in the chain, in the state after this instant's completions and routing
-        and before its launches: while a completion due now is not yet processed or a routed request is
-        still in a channel, nothing is decided (their processing wakes every subserver); a model that
-        launched at this very instant counts as idle.  The others' residual times come from the executor
-        (``step_end``).  Time alone changes the decision when a model that counted as idle now runs from the
-        next quantum on, and (``residual`` class) when the earliest running batch of the others comes to end
-        sooner than this model's own step: a timer re-evaluates then."""
+        As in the chain, a decision is taken at an event (a completion and its routing, an arrival), in the
+        state after this instant's completions and routing and before its launches: while a completion due
+        now is not yet processed or a routed request is still in a channel, nothing is decided (their
+        processing wakes every subserver); a model that launched at this very instant counts as idle.  Time
+        alone never triggers a decision (the chain's epochs are its completions): a model that waits decides
+        again at the next event.  The others' residual times come from the executor (``step_end``), else from
+        the table's step lengths."""
         rt, i = self.rt, self.index
-        eps, quantum = rt.eps_s, rt.quantum_s
+        eps = rt.eps_s
         if rt.in_flight:
-            return False, None
+            return False
         others = [s for s in rt.subservers if s is not self]
         exact = getattr(rt.executor, "step_end", None) is not None
-        ends = {}
-        for s in others:
-            if s.busy:
-                end = rt.step_end(s)
-                if exact and end is not None and end <= now + eps:
-                    return False, None   # its completion is due now and not yet processed
-                ends[s.index] = end
         residual = [0.0] * rt.M
         for s in others:
-            if s.busy and s.started_at < now - eps:
-                end = ends[s.index]
-                residual[s.index] = math.inf if end is None else max(0.0, (end - now) * 1000.0 / rt.time_scale)
+            if not s.busy:
+                continue
+            end = rt.step_end(s)
+            if exact and end is not None and end <= now + eps:
+                return False   # its completion is due now and not yet processed
+            if s.started_at < now - eps:   # launched at this very instant: still idle for this decision
+                residual[s.index] = 1e300 if end is None else max(0.0, (end - now) * 1000.0 / rt.time_scale)
         waiting = [len(s.waiting) for s in rt.subservers]
-        table = rt.thresholds
-        thr = table.launch_threshold(self.active_view, i, waiting, [min(r, 1e300) for r in residual])
-        if thr is not None and self.waiting and len(self.waiting) >= thr:
-            return True, None
-        wake = [s.started_at + quantum for s in others if s.busy and s.started_at >= now - eps]
-        if self.waiting and table.policy_class == "residual":
-            own = table.own_step_ms(i, len(self.waiting))
-            running = [ends[s.index] for s in others if s.busy and s.started_at < now - eps
-                       and ends[s.index] is not None]
-            if own is not None and running:
-                flip = min(running) - own * rt.time_scale / 1000.0 + quantum
-                if flip > now + eps:
-                    wake.append(flip)
-        return False, (min(wake) if wake else None)
-
-    async def _wait_wake(self, until: float | None) -> None:
-        if until is None:
-            await self.wake.wait()
-            return
-        timer = asyncio.get_running_loop().call_at(until, self.wake.set)
-        try:
-            await self.wake.wait()
-        finally:
-            timer.cancel()
+        thr = rt.thresholds.launch_threshold(self.active_view, i, waiting, residual)
+        return thr is not None and bool(self.waiting) and len(self.waiting) >= thr
 
     async def decoding_loop(self) -> None:
         rt, loop, i = self.rt, asyncio.get_running_loop(), self.index
         while True:
             while True:
                 if rt.uses_policy():
-                    go, until = self.policy_decision(loop.time())
-                    if go:
+                    if self.policy_decision(loop.time()):
                         break
                     self.wake.clear()
-                    await self._wait_wake(until)
+                    await self.wake.wait()
                     continue
                 b = rt.thresholds.lookup(self.active_view)[i]
                 if self.waiting and len(self.waiting) >= b:
@@ -286,8 +259,6 @@ class Subserver:
             self.started_at = t0
             self.batch_len = len(batch)
             policy = rt.uses_policy()
-            if policy:
-                rt.notify_all()  # the others re-evaluate: this model runs from the next quantum on
             tokens = await rt.executor.step(i, batch)
             self.busy = False
             t1 = loop.time()
@@ -389,8 +360,7 @@ class TokenRouterRuntime:
         self.tasks: list[asyncio.Task] = []
         self.in_flight = 0  # routed requests in a channel, not yet in their next queue
         delta_ms = getattr(thresholds, "delta_ms", None) or 0.1
-        self.quantum_s = float(delta_ms) * self.time_scale / 1000.0  # a policy's decision epoch
-        self.eps_s = 1e-6 * self.quantum_s
+        self.eps_s = 1e-6 * float(delta_ms) * self.time_scale / 1000.0  # "the same instant" for a policy
 
     def uses_policy(self) -> bool:
         """Whether the thresholds carry a state-dependent launch policy (a schema-version-3 table)."""

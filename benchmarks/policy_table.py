@@ -1,13 +1,18 @@
-"""Best fixed thresholds B*, the best 'busy' class, the optimal launch policy and the all-policy bound, side by side.
+"""Best fixed thresholds B*, the best compact policy class, the optimal launch policy and the all-policy bound,
+side by side (issue 27, item 4's exact columns).
 
-    PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 12 16 24 32 [--corun-slowdown 2.8 1.05] [--algo me]
+    PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 16 32 [--corun-slowdown 2.8 1.05] [--algo me]
+        [--classes busy residual window ratio] [--json rows.json]
 
-R2R (p = 0.35, L = 6.0 / 27.9 ms, delta = 0.1 ms).  B*: the exact search (optimizer.optimize_thresholds,
-default search).  busy: one threshold per model and per "another model is busy", steepest ascent from
-(B*, B*) (exact values, heuristic search).  optimum: the greedy policy of relative value iteration on the
-all-policy process, evaluated exactly in the chain under its table; gap = proven (bound - optimum) / bound.
-Monotone: rows of the optimal table (configurations the policy meets) where the launch decision is not
-monotone in the model's own queue.
+R2R (p = 0.35, L = 6.0 / 27.9 ms) or ME (w = 0.5 / 0.3 / 0.2, L = 6.0 / 15.0 / 27.9 ms), delta = 0.1 ms;
+``--corun-slowdown`` (one factor per model, missing ones 1.0) applies the co-running launch law with the
+latencies rounded to the grid.  B*: the exact threshold search (optimizer.optimize_thresholds, pruned).
+Classes (optimizer.policy.class_table): exact values in the chain under the class's table, steepest ascent
+from B* (heuristic search).  optimum: the greedy policy of relative value iteration on the all-policy
+process, evaluated exactly in the chain under its table; bound: the all-policy bound; gap = proven
+(bound - optimum) / bound.  Monotone: groups of configurations the optimal policy meets where the launch
+decision is not monotone in the model's own queue, ties (margin within 1e-9 of the relative values' scale)
+excluded; "all" counts them over every configuration of the process.
 """
 
 from __future__ import annotations
@@ -16,16 +21,23 @@ import argparse
 import json
 import time
 
-from optimizer.policy import build_process, class_start, monotonicity, optimal_policy, reached_configs, search_class, greedy
-from optimizer.policy import value_iteration  # noqa: F401
+import numpy as np
+
+from optimizer.policy import (CLASSES, _packed, build_process, class_start, decision_margins, greedy, monotonicity,
+                              optimal_policy, reached_configs, search_class, value_iteration)
 from optimizer.search import optimize_thresholds
 from tr_core.spec import preset
+
+
+def fmt(params, k):
+    return ", ".join("(" + ", ".join(str(x) for x in params[k * j:k * j + k]) + ")" for j in range(len(params) // k))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--N", type=int, nargs="+", default=[4, 8, 12, 16])
-    ap.add_argument("--corun-slowdown", type=float, nargs=2, default=None)
+    ap.add_argument("--corun-slowdown", type=float, nargs="+", default=None)
+    ap.add_argument("--classes", nargs="+", choices=CLASSES, default=list(CLASSES))
     ap.add_argument("--json", default=None)
     ap.add_argument("--algo", choices=("r2r", "me"), default="r2r",
                     help="r2r: p = 0.35, L = 6.0 / 27.9 ms; me: w = (0.5, 0.3, 0.2), L = 6.0 / 15.0 / 27.9 ms")
@@ -36,50 +48,60 @@ def main():
     if a.corun_slowdown:
         spec = spec.with_corun(list(a.corun_slowdown) + [1.0] * (spec.M - len(a.corun_slowdown)))
         rnd = True
+    from optimizer.policy import CLASS_PARAMS
     rows = []
-    print("| N | B* | B* tok/s | busy class (B_idle, B_busy) per model | busy tok/s | residual class (B_idle, B_long, B_short) per model | residual tok/s | optimum tok/s | bound tok/s "
-          "| proven gap | optimum / B* | busy / B* | residual / B* | residual short of optimum | non-monotone groups (met) | empty batches | process states "
-          "| policy chain states | s |")
-    print("|---" * 19 + "|")
+    print("| N | B* | B* tok/s | best class | its parameters per model | class tok/s | optimum tok/s | bound tok/s "
+          "| proven gap | optimum vs B* | class vs B* | class short of optimum | "
+          + " | ".join(f"{c} vs B*" for c in a.classes)
+          + " | non-monotone groups met / all (ties excluded) | empty batches | process states | policy chain states | s |")
+    print("|---" * (16 + len(a.classes)) + "|")
     for N in a.N:
         t0 = time.perf_counter()
         opt = optimize_thresholds(spec, N, round_to_grid=rnd, search="pruned")
         proc = build_process(spec, N, round_to_grid=rnd)
         r = optimal_policy(spec, N, proc=proc, round_to_grid=rnd)
         B = tuple(opt.best_B)
-        cls, v, nev = search_class(spec, N, proc, "busy", class_start("busy", B))
-        rcls, rv, rnev = search_class(spec, N, proc, "residual", class_start("residual", B))
-        # monotonicity on the configurations the optimal policy meets
-        import numpy as np
-        from optimizer.policy import _packed
-        from optimizer import _kernels as K  # noqa: F401
+        bt = opt.throughput_tok_s
+        found = {}
+        for c in a.classes:
+            p, v, nev = search_class(spec, N, proc, c, class_start(c, B))
+            found[c] = (p, v, nev)
+        best_c = max(a.classes, key=lambda c: found[c][1])
+        bp, bv, _ = found[best_c]
+        # monotonicity of the optimal table, ties excluded, on the configurations it meets and on all
         h, *_ = value_iteration(proc, rtol=1e-10)
         choice, init = greedy(proc, h)
         met = np.isin(_packed(proc, r.table), reached_configs(proc, choice, init))
-        mono = monotonicity(r.table, only=met)
-        nonmono = sum(m["violations"] for m in mono.values())
-        bt = opt.throughput_tok_s
-        row = dict(N=N, B_star=list(B), B_star_tok_s=bt, busy=[[cls[2 * j], cls[2 * j + 1]] for j in range(spec.M)],
-                   busy_tok_s=v, busy_evaluated=nev,
-                   residual=[list(rcls[3 * j:3 * j + 3]) for j in range(spec.M)], residual_tok_s=rv,
-                   residual_evaluated=rnev, optimum_tok_s=r.throughput_tok_s,
+        marg = decision_margins(proc, h)
+        tol = 1e-9 * float(np.max(np.abs(h)) + 1.0)
+        mono_met = monotonicity(r.table, only=met, margins=marg, tol=tol)
+        mono_all = monotonicity(r.table, margins=marg, tol=tol)
+        raw_all = monotonicity(r.table)
+        nm_met = sum(m["violations"] for m in mono_met.values())
+        nm_all = sum(m["violations"] for m in mono_all.values())
+        nm_raw = sum(m["violations"] for m in raw_all.values())
+        row = dict(N=N, B_star=list(B), B_star_tok_s=bt,
+                   classes={c: dict(params=list(found[c][0]), tok_s=found[c][1], evaluated=found[c][2])
+                            for c in a.classes},
+                   best_class=best_c, best_class_tok_s=bv, optimum_tok_s=r.throughput_tok_s,
                    optimum_error_bound=r.throughput_error_bound, bound_tok_s=r.upper_bound_tok_s, gap=r.gap,
-                   nonmonotone=nonmono, monotone_detail={str(k): {kk: vv for kk, vv in m.items() if kk != "example"}
-                                                         for k, m in mono.items()},
-                   example={str(k): m["example"] for k, m in mono.items()},
+                   nonmonotone_met=nm_met, nonmonotone_all=nm_all, nonmonotone_all_with_ties=nm_raw,
+                   monotone_example={str(k): m["example"] for k, m in mono_all.items()},
                    empty_batches=r.empty_batches, process_states=r.process_states, chain_states=r.chain_states,
                    seconds=time.perf_counter() - t0)
         rows.append(row)
-        bs = ", ".join(f"({cls[2 * j]}, {cls[2 * j + 1]})" for j in range(spec.M))
-        rs = ", ".join("(" + ", ".join(str(x) for x in rcls[3 * j:3 * j + 3]) + ")" for j in range(spec.M))
-        print(f"| {N} | {B} | {bt:.2f} | {bs} | {v:.2f} | {rs} | {rv:.2f} | {r.throughput_tok_s:.4f} | {r.upper_bound_tok_s:.4f} "
-              f"| {r.gap:.1e} | {100 * (r.throughput_tok_s / bt - 1):+.2f} % | {100 * (v / bt - 1):+.2f} % "
-              f"| {100 * (rv / bt - 1):+.2f} % | {100 * (1 - rv / r.throughput_tok_s):.2f} % "
-              f"| {nonmono} | {'yes' if r.empty_batches else 'no'} | {r.process_states:,} | {r.chain_states:,} "
-              f"| {row['seconds']:.0f} |", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
+        pct = lambda x: f"{100 * (x / bt - 1):+.2f} %"  # noqa: E731
+        print(f"| {N} | {B} | {bt:.2f} | {best_c} | {fmt(bp, CLASS_PARAMS[best_c])} | {bv:.2f} "
+              f"| {r.throughput_tok_s:.4f} | {r.upper_bound_tok_s:.4f} | {r.gap:.1e} | {pct(r.throughput_tok_s)} "
+              f"| {pct(bv)} | {100 * (1 - bv / r.throughput_tok_s):.2f} % | "
+              + " | ".join(pct(found[c][1]) for c in a.classes)
+              + f" | {nm_met} / {nm_all} ({nm_raw} with ties) | {'yes' if r.empty_batches else 'no'} "
+              f"| {r.process_states:,} | {r.chain_states:,} | {row['seconds']:.0f} |", flush=True)
+        if a.json:
+            with open(a.json + ".tmp", "w") as f:
+                json.dump(rows, f, indent=1, default=str)
+            import os
+            os.replace(a.json + ".tmp", a.json)
 
 
 if __name__ == "__main__":

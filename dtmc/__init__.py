@@ -14,7 +14,7 @@ import numpy as np
 
 from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATES, DEFAULT_MAX_TRANSITIONS,
                         Chain, DTMCError,
-                        StateLimitExceeded, build_chain, build_policy_chain, policy_keys, state_bound, KEY_BITS,
+                        StateLimitExceeded, build_chain, build_policy_chain, policy_configs, policy_keys, state_bound, KEY_BITS,
                         key_bits, max_packed_n)
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
@@ -23,7 +23,7 @@ from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, Sol
 
 __all__ = ["KEY_BITS", "key_bits", "max_packed_n", 
     "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
-    "build_chain", "build_policy_chain", "solve_policy_chain", "policy_keys", "state_bound",
+    "build_chain", "build_policy_chain", "solve_policy_chain", "policy_configs", "policy_keys", "state_bound",
     "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain", "proven_ok",
     "bound_error", "throughput_bound", "gth", "solver_help", "ACCURACY_TARGET", "ACCURACY_TOL",

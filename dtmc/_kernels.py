@@ -191,52 +191,94 @@ def _decode(key, k, b, r, M, bn, br):
         shift += br
 
 
-@njit(cache=True)
-def _launch(k, b, r, B, caps, d, dco, corun, M):
-    """The launch pass.  Without co-running every launch gets ``d``.  With it (the launch law), a
-    launch gets ``dco`` when another model is busy at this instant: running after this epoch's
-    completions (``b > 0`` here) or launching in this same pass; otherwise ``d``."""
-    if not corun:
+@njit(cache=True, inline="always")
+def _launch_mask(k, b, r, mask, caps, d, dco, corun, M):
+    """Launch every model whose bit is set in ``mask`` (idle ones): ``min(k_j, cap_j)`` requests, or an
+    *empty batch* (busy ``d_j(0)`` quanta, serving nobody) when ``k_j = 0``.  The one launch law of the
+    chain: without co-running every launch gets ``d``; with it, a launch gets ``dco`` when another model
+    is busy at this instant (running after this epoch's completions, ``r > 0`` here, or launching in
+    this same pass), otherwise ``d``."""
+    co = False
+    if corun:
+        running = 0
+        launching = 0
         for j in range(M):
-            if b[j] == 0 and k[j] >= B[j]:
-                take = k[j] if k[j] < caps[j] else caps[j]
-                b[j] = take
-                k[j] -= take
-                r[j] = d[j, take]
-        return
-    running = 0
-    launching = 0
+            if (mask >> j) & 1:
+                launching += 1
+            elif r[j] > 0:
+                running += 1
+        co = running > 0 or launching > 1
     for j in range(M):
-        if b[j] > 0:
-            running += 1
-        elif k[j] >= B[j]:
-            launching += 1
-    co = running > 0 or launching > 1
-    for j in range(M):
-        if b[j] == 0 and k[j] >= B[j]:
+        if (mask >> j) & 1:
             take = k[j] if k[j] < caps[j] else caps[j]
             b[j] = take
             k[j] -= take
             r[j] = dco[j, take] if co else d[j, take]
 
 
+@njit(cache=True, inline="always")
+def _launch(k, b, r, B, caps, d, dco, corun, M):
+    """The threshold launch pass: every idle model with ``k_j >= B_j`` launches (:func:`_launch_mask`)."""
+    mask = 0
+    for j in range(M):
+        if r[j] == 0 and k[j] >= B[j]:
+            mask |= 1 << j
+    _launch_mask(k, b, r, mask, caps, d, dco, corun, M)
+
+
+# The chain under a launch-policy table (issue 27).  The launch rule is replaced by a lookup: the
+# *pre-decision configuration* (k_i, b_i, r_i of every model right after an epoch's completions and
+# routing, before any launch; an idle model has b_i = r_i = 0) is packed like a state and looked up
+# in ``pol_keys`` (sorted); ``pol_mask`` bit j says that idle model j launches (:func:`_launch_mask`,
+# an empty batch when k_j = 0).  A model is running when r_i > 0 (an empty batch has b_i = 0 and runs).
+
+BAD_POLICY = 3      # a configuration missing from the table, or a launch of a running model
+
+
 @njit(cache=True)
-def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions,
-                init_cap):
-    """Breadth-first enumeration of the reachable states and their transitions.
+def _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
+    """Apply the table's decision to the pre-decision configuration (k, b, r) in place.
 
-    ``dco``/``corun``: the co-running durations and whether the launch law uses them (see
-    :func:`_launch`); with ``corun`` false ``dco`` is ignored and the chain is the solo one.
+    Returns the looked-up key (>= 0) on success, ``-1 - key`` when the configuration is missing or the
+    mask launches a running model."""
+    key = _encode(k, b, r, M, bn, br)
+    pos = np.searchsorted(pol_keys, key)
+    if pos >= pol_keys.shape[0] or pol_keys[pos] != key:
+        return -1 - key
+    mask = pol_mask[pos]
+    for j in range(M):
+        if (mask >> j) & 1 and r[j] > 0:
+            return -1 - key
+    _launch_mask(k, b, r, mask, caps, d, dco, corun, M)
+    return key
 
-    Returns ``(status, n, keys, row_ptr, cols, vals, tau, g)``: the first ``n``
-    packed keys in discovery order, the CSR transition matrix (rows in the same
-    order, duplicates merged, columns sorted by key within a row), the holding
-    time ``tau`` in quanta and the expected committed tokens ``g`` of each
-    state.  ``status`` is OK, TOO_MANY_STATES (stopped once ``n`` exceeded
-    ``max_states`` or its transitions ``max_transitions``, before the buffers
-    could outgrow memory) or DEADLOCK (a state with no running model).
+
+@njit(cache=True, inline="always")
+def _decide(k, b, r, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
+    """The launch decision of the chain being built: the thresholds' when ``pol_keys`` is None (numba
+    prunes the other branch at compile time, so the threshold chain has no table code), else the table's.
+    Returns ``>= 0`` on success, ``-1 - key`` for a configuration the table cannot decide."""
+    if pol_keys is None:
+        _launch(k, b, r, B, caps, d, dco, corun, M)
+        return 0
+    return _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+
+
+@njit(cache=True)
+def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states,
+           max_transitions, init_cap):
+    """Breadth-first enumeration of the reachable states and their transitions, under thresholds ``B``
+    (``pol_keys`` None) or the policy table ``(pol_keys, pol_mask)`` (``B`` unused; :func:`_decide`).
+
+    Returns ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``: the first ``n`` packed keys in
+    discovery order, the CSR transition matrix (rows in the same order, duplicates merged, columns sorted
+    by key within a row), the holding time ``tau`` in quanta and the expected committed tokens ``g`` of
+    each state; ``bad_key`` the packed configuration the table could not decide (status BAD_POLICY),
+    else -1.  ``status`` is OK, TOO_MANY_STATES (stopped once ``n`` exceeded ``max_states`` or its
+    transitions ``max_transitions``, before the buffers could outgrow memory), DEADLOCK (a state with
+    no running model) or BAD_POLICY.
     """
-    M = B.shape[0]
+    M = caps.shape[0]
     cap = init_cap
     keys = np.empty(cap, dtype=np.int64)
     tau = np.empty(cap, dtype=np.int64)
@@ -264,7 +306,9 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
 
     # initial state: all N wait at model 0, then one launch pass
     k[0] = N
-    _launch(k, b, r, B, caps, d, dco, corun, M)
+    got = _decide(k, b, r, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+    if got < 0:
+        return BAD_POLICY, 0, keys, row_ptr, cols, vals, tau, g, -1 - got
     key0 = _encode(k, b, r, M, bn, br)
     keys[0] = key0
     _table_find_or_insert(tkeys, tvals, key0, 0)
@@ -280,14 +324,14 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
         _decode(keys[head], k, b, r, M, bn, br)
         t = np.int64(1) << 62
         for i in range(M):
-            if b[i] > 0 and r[i] < t:
+            if r[i] > 0 and r[i] < t:
                 t = r[i]
         if t == (np.int64(1) << 62):
-            return DEADLOCK, head, keys, row_ptr, cols, vals, tau, g
+            return DEADLOCK, head, keys, row_ptr, cols, vals, tau, g, -1
         na = 0
         gs = 0.0
         for i in range(M):
-            if b[i] > 0 and r[i] == t:
+            if r[i] > 0 and r[i] == t:
                 done[na] = i
                 lo[na] = offsets[b[i]]
                 hi[na] = offsets[b[i] + 1]
@@ -306,7 +350,7 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
             if p > 0.0:
                 for i in range(M):
                     k2[i] = k[i]
-                    if b[i] > 0 and r[i] != t:
+                    if r[i] > 0 and r[i] != t:
                         b2[i] = b[i]
                         r2[i] = r[i] - t
                     else:
@@ -316,7 +360,9 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
                     c = idx[a]
                     for j in range(M):
                         k2[j] += parts[c, j]
-                _launch(k2, b2, r2, B, caps, d, dco, corun, M)
+                got = _decide(k2, b2, r2, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+                if got < 0:
+                    return BAD_POLICY, n, keys, row_ptr, cols, vals, tau, g, -1 - got
                 if nout == obuf_k.shape[0]:
                     obuf_k = _grow(obuf_k, nout + 1)
                     obuf_p = _grow(obuf_p, nout + 1)
@@ -334,16 +380,16 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
             if a < 0:
                 break
 
-        # merge duplicate successors, then record the row; one completing model
-        # gives distinct successors (its outcomes differ in the queue vector and
-        # the launch rule is injective on them), so only simultaneous
-        # completions need the sort
-        if na > 1:
+        # merge duplicate successors, then record the row.  Under thresholds, one completing model gives
+        # distinct successors (its outcomes differ in the queue vector and the launch rule is injective
+        # on them), so only simultaneous completions need the sort; a table need not be injective
+        # (empty batches, state-dependent launches): always sort
+        if na > 1 or pol_keys is not None:
             order = np.argsort(obuf_k[:nout], kind="mergesort")
         else:
             order = np.arange(nout)
         if nnz + nout > max_transitions:
-            return TOO_MANY_STATES, n, keys, row_ptr, cols, vals, tau, g
+            return TOO_MANY_STATES, n, keys, row_ptr, cols, vals, tau, g, -1
         if nnz + nout > cols.shape[0]:
             cols = _grow(cols, nnz + nout)
             vals = _grow(vals, nnz + nout)
@@ -358,7 +404,7 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
             col, inserted = _table_find_or_insert(tkeys, tvals, kk, n)
             if inserted:
                 if n >= max_states:
-                    return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g
+                    return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g, -1
                 if n == keys.shape[0]:
                     keys = _grow(keys, n + 1)
                     tau = _grow(tau, n + 1)
@@ -374,7 +420,32 @@ def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br
             nnz += 1
         head += 1
         row_ptr[head] = nnz
-    return OK, n, keys, row_ptr, cols, vals, tau, g
+    return OK, n, keys, row_ptr, cols, vals, tau, g, -1
+
+
+@njit(cache=True)
+def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions,
+                init_cap):
+    """The chain under thresholds ``B`` (:func:`_build`).
+
+    ``dco``/``corun``: the co-running durations and whether the launch law uses them (see
+    :func:`_launch_mask`); with ``corun`` false ``dco`` is ignored and the chain is the solo one.
+    Returns ``(status, n, keys, row_ptr, cols, vals, tau, g)``; ``status`` OK, TOO_MANY_STATES or DEADLOCK.
+    """
+    st, n, keys, row_ptr, cols, vals, tau, g, _bad = _build(N, B, None, None, caps, d, dco, corun, cbar,
+                                                            offsets, parts, prob, bn, br, max_states,
+                                                            max_transitions, init_cap)
+    return st, n, keys, row_ptr, cols, vals, tau, g
+
+
+@njit(cache=True)
+def build_policy_chain(N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states,
+                       max_transitions, init_cap, pol_keys, pol_mask):
+    """The chain under the policy table ``(pol_keys, pol_mask)`` (:func:`_build`); returns
+    ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``."""
+    B = np.zeros(caps.shape[0], dtype=np.int64)      # unused: the table decides
+    return _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br,
+                  max_states, max_transitions, init_cap)
 
 
 @njit(cache=True)
@@ -1409,188 +1480,6 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
             return np.inf, 0
         E += -np.log1p(-m[a])
     return 2.0 * E * (1.0 + 1e-12), 0
-
-
-# ---------------------------------------------------------------------------------------------
-# The chain under a launch-policy table (issue 27).  The launch rule is replaced by a lookup: the
-# *pre-decision configuration* (k_i, b_i, r_i of every model right after an epoch's completions and
-# routing, before any launch; an idle model has b_i = r_i = 0) is packed like a state and looked up
-# in ``pol_keys`` (sorted); ``pol_mask`` bit j says that idle model j launches min(k_j, cap_j)
-# requests, or an *empty batch* (busy d_j(0) quanta, serving nobody) when k_j = 0.  A model is
-# running when r_i > 0 (an empty batch has b_i = 0 and runs).  The co-running law is the chain's:
-# a launch gets dco when another model runs after the completions or launches in the same pass.
-
-BAD_POLICY = 3      # a configuration missing from the table, or a launch of a running model
-
-
-@njit(cache=True)
-def _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
-    """Apply the table's decision to the pre-decision configuration (k, b, r) in place.
-
-    Returns the looked-up key (>= 0) on success, ``-1 - key`` when the configuration is missing or the
-    mask launches a running model."""
-    key = _encode(k, b, r, M, bn, br)
-    pos = np.searchsorted(pol_keys, key)
-    if pos >= pol_keys.shape[0] or pol_keys[pos] != key:
-        return -1 - key
-    mask = pol_mask[pos]
-    running = 0
-    launching = 0
-    for j in range(M):
-        if (mask >> j) & 1:
-            if r[j] > 0:
-                return -1 - key
-            launching += 1
-        elif r[j] > 0:
-            running += 1
-    co = corun and (running > 0 or launching > 1)
-    for j in range(M):
-        if (mask >> j) & 1:
-            take = k[j] if k[j] < caps[j] else caps[j]
-            b[j] = take
-            k[j] -= take
-            r[j] = dco[j, take] if co else d[j, take]
-    return key
-
-
-@njit(cache=True)
-def build_policy_chain(N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states,
-                       max_transitions, init_cap, pol_keys, pol_mask):
-    """Breadth-first enumeration of the chain under the policy table ``(pol_keys, pol_mask)``.
-
-    As :func:`build_chain` otherwise (same packing, merging and CSR output); returns
-    ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``, ``bad_key`` the packed configuration
-    that was missing from the table (or whose decision launches a running model) when ``status`` is
-    BAD_POLICY, and -1 otherwise.
-    """
-    M = caps.shape[0]
-    cap = init_cap
-    keys = np.empty(cap, dtype=np.int64)
-    tau = np.empty(cap, dtype=np.int64)
-    g = np.empty(cap, dtype=np.float64)
-    row_ptr = np.empty(cap + 1, dtype=np.int64)
-    cols = np.empty(cap * 8, dtype=np.int64)
-    vals = np.empty(cap * 8, dtype=np.float64)
-    tcap = 1024
-    while tcap < 2 * cap:
-        tcap *= 2
-    tkeys = np.full(tcap, EMPTY, dtype=np.int64)
-    tvals = np.empty(tcap, dtype=np.int64)
-    k = np.zeros(M, dtype=np.int64)
-    b = np.zeros(M, dtype=np.int64)
-    r = np.zeros(M, dtype=np.int64)
-    k2 = np.zeros(M, dtype=np.int64)
-    b2 = np.zeros(M, dtype=np.int64)
-    r2 = np.zeros(M, dtype=np.int64)
-    done = np.zeros(M, dtype=np.int64)
-    idx = np.zeros(M, dtype=np.int64)
-    lo = np.zeros(M, dtype=np.int64)
-    hi = np.zeros(M, dtype=np.int64)
-
-    k[0] = N
-    got = _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
-    if got < 0:
-        return BAD_POLICY, 0, keys, row_ptr, cols, vals, tau, g, -1 - got
-    key0 = _encode(k, b, r, M, bn, br)
-    keys[0] = key0
-    _table_find_or_insert(tkeys, tvals, key0, 0)
-    n = 1
-    nnz = 0
-    row_ptr[0] = 0
-    obuf_k = np.empty(256, dtype=np.int64)
-    obuf_p = np.empty(256, dtype=np.float64)
-    head = 0
-    while head < n:
-        _decode(keys[head], k, b, r, M, bn, br)
-        t = np.int64(1) << 62
-        for i in range(M):
-            if r[i] > 0 and r[i] < t:
-                t = r[i]
-        if t == (np.int64(1) << 62):
-            return DEADLOCK, head, keys, row_ptr, cols, vals, tau, g, -1
-        na = 0
-        gs = 0.0
-        for i in range(M):
-            if r[i] > 0 and r[i] == t:
-                done[na] = i
-                lo[na] = offsets[b[i]]
-                hi[na] = offsets[b[i] + 1]
-                idx[na] = lo[na]
-                na += 1
-                gs += b[i] * cbar[i]
-        tau[head] = t
-        g[head] = gs
-        nout = 0
-        while True:
-            p = 1.0
-            for a in range(na):
-                p *= prob[done[a], idx[a]]
-            if p > 0.0:
-                for i in range(M):
-                    k2[i] = k[i]
-                    if r[i] > 0 and r[i] != t:
-                        b2[i] = b[i]
-                        r2[i] = r[i] - t
-                    else:
-                        b2[i] = 0
-                        r2[i] = 0
-                for a in range(na):
-                    c = idx[a]
-                    for j in range(M):
-                        k2[j] += parts[c, j]
-                got = _policy_launch(k2, b2, r2, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
-                if got < 0:
-                    return BAD_POLICY, n, keys, row_ptr, cols, vals, tau, g, -1 - got
-                if nout == obuf_k.shape[0]:
-                    obuf_k = _grow(obuf_k, nout + 1)
-                    obuf_p = _grow(obuf_p, nout + 1)
-                obuf_k[nout] = _encode(k2, b2, r2, M, bn, br)
-                obuf_p[nout] = p
-                nout += 1
-            a = na - 1
-            while a >= 0:
-                idx[a] += 1
-                if idx[a] < hi[a]:
-                    break
-                idx[a] = lo[a]
-                a -= 1
-            if a < 0:
-                break
-        # a table need not be injective on outcomes (empty batches, state-dependent launches): always merge
-        order = np.argsort(obuf_k[:nout], kind="mergesort")
-        if nnz + nout > max_transitions:
-            return TOO_MANY_STATES, n, keys, row_ptr, cols, vals, tau, g, -1
-        if nnz + nout > cols.shape[0]:
-            cols = _grow(cols, nnz + nout)
-            vals = _grow(vals, nnz + nout)
-        last = np.int64(-2)
-        for q in range(nout):
-            o = order[q]
-            kk = obuf_k[o]
-            if kk == last:
-                vals[nnz - 1] += obuf_p[o]
-                continue
-            last = kk
-            col, inserted = _table_find_or_insert(tkeys, tvals, kk, n)
-            if inserted:
-                if n >= max_states:
-                    return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g, -1
-                if n == keys.shape[0]:
-                    keys = _grow(keys, n + 1)
-                    tau = _grow(tau, n + 1)
-                    g = _grow(g, n + 1)
-                if n + 2 > row_ptr.shape[0]:
-                    row_ptr = _grow(row_ptr, n + 2)
-                keys[n] = kk
-                n += 1
-                if 2 * n > tkeys.shape[0]:
-                    tkeys, tvals = _table_rebuild(keys, n, tkeys.shape[0] * 2)
-            cols[nnz] = col
-            vals[nnz] = obuf_p[o]
-            nnz += 1
-        head += 1
-        row_ptr[head] = nnz
-    return OK, n, keys, row_ptr, cols, vals, tau, g, -1
 
 
 @njit(cache=True)

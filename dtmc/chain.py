@@ -168,6 +168,40 @@ def _compositions(N: int, M: int):
     return hit
 
 
+def _system(P, C, N):
+    """``(P, C, M, N)`` as the kernels take them; N >= 1."""
+    P = np.ascontiguousarray(P, dtype=np.float64)
+    C = np.ascontiguousarray(C, dtype=np.float64)
+    N = int(N)
+    if N < 1:
+        raise DTMCError(f"N must be >= 1, got {N}")
+    return P, C, P.shape[0], N
+
+
+def _durations(M, N, caps, d, dco, *, empty):
+    """Validated ``(caps, d, dco, corun, dmax)``: caps clipped to N, (M, N+1) durations of at least one quantum
+    (column 0 too when ``empty``: the empty batch of a policy table); ``dco`` is ``d`` for the solo chain."""
+    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
+    if (caps < 1).any():
+        raise DTMCError("batch caps must be >= 1")
+    first = 0 if empty else 1
+    what = " (column 0: the empty batch)" if empty else ""
+    d = np.ascontiguousarray(d, dtype=np.int64)
+    if d.shape != (M, N + 1):
+        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
+    if (d[:, first:] < 1).any():
+        raise DTMCError(f"durations d must be >= 1 quantum{what}")
+    corun = dco is not None
+    if not corun:
+        return caps, d, d, False, int(d.max())
+    dco = np.ascontiguousarray(dco, dtype=np.int64)
+    if dco.shape != (M, N + 1):
+        raise DTMCError(f"dco must have shape (M, N+1) = ({M}, {N + 1}), got {dco.shape}")
+    if (dco[:, first:] < 1).any():
+        raise DTMCError(f"co-running durations dco must be >= 1 quantum{what}")
+    return caps, d, dco, True, int(max(d.max(), dco.max()))
+
+
 def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=None,
                 max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS,
                 dco: np.ndarray | None = None) -> Chain:
@@ -184,12 +218,7 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     running after the epoch's completions, or launching in the same pass, gets ``dco``; otherwise
     ``d``).  ``None`` builds the solo chain (the kernel's solo path, state for state today's chain).
     """
-    P = np.ascontiguousarray(P, dtype=np.float64)
-    C = np.ascontiguousarray(C, dtype=np.float64)
-    M = P.shape[0]
-    N = int(N)
-    if N < 1:
-        raise DTMCError(f"N must be >= 1, got {N}")
+    P, C, M, N = _system(P, C, N)
     B = np.ascontiguousarray(B, dtype=np.int64)
     if B.shape != (M,):
         raise DTMCError(f"B must have M = {M} entries, got {B.shape[0] if B.ndim else 0}")
@@ -198,25 +227,7 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     if int((B - 1).sum()) >= N:
         raise DTMCError(f"B = {tuple(int(x) for x in B)} is infeasible for N = {N}: "
                         f"sum(B_i - 1) = {int((B - 1).sum())} must be < N")
-    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
-    if (caps < 1).any():
-        raise DTMCError("batch caps must be >= 1")
-    d = np.ascontiguousarray(d, dtype=np.int64)
-    if d.shape != (M, N + 1):
-        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
-    if (d[:, 1:] < 1).any():
-        raise DTMCError("durations d must be >= 1 quantum")
-    corun = dco is not None
-    if corun:
-        dco = np.ascontiguousarray(dco, dtype=np.int64)
-        if dco.shape != (M, N + 1):
-            raise DTMCError(f"dco must have shape (M, N+1) = ({M}, {N + 1}), got {dco.shape}")
-        if (dco[:, 1:] < 1).any():
-            raise DTMCError("co-running durations dco must be >= 1 quantum")
-        dmax = int(max(d.max(), dco.max()))
-    else:
-        dco = d
-        dmax = int(d.max())
+    caps, d, dco, corun, dmax = _durations(M, N, caps, d, dco, empty=False)
     bn = _bits(N)
     br = _bits(dmax)
     if key_bits(M, N, dmax) > KEY_BITS:
@@ -240,16 +251,23 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
                                  transitions=n <= max_states, max_transitions=int(max_transitions))
     if status == K.DEADLOCK:
         raise DTMCError("the chain reached a state where no model runs (deadlock); check B and the routing matrix")
+    return _assemble(N, tuple(int(x) for x in B), P, n, keys, row_ptr, cols, vals, tau, g, bn, br, t0)
+
+
+def _assemble(N, B, P, n, keys, row_ptr, cols, vals, tau, g, bn, br, t0) -> Chain:
+    """The :class:`Chain` of a kernel's output (the first ``n`` states; ``t0`` when the build began)."""
     t1 = time.perf_counter()
+    M = P.shape[0]
     nnz = int(row_ptr[n])
     keys = keys[:n].copy()
     T = sp.csr_matrix((vals[:nnz].copy(), cols[:nnz].copy(), row_ptr[: n + 1].copy()), shape=(n, n))
     W, Bb, R = K.decode_states(keys, M, bn, br)
-    # expected arrivals into queue j at the epoch that ends state s
-    done = (Bb > 0) & (R == tau[:n, None])
+    # expected arrivals into queue j at the epoch that ends state s (a running model has r > 0; an empty
+    # batch of a policy table has b = 0 and brings nobody)
+    done = (R > 0) & (R == tau[:n, None])
     arrivals = (Bb * done) @ P
     t2 = time.perf_counter()
-    return Chain(N=N, B=tuple(int(x) for x in B), keys=keys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
+    return Chain(N=N, B=B, keys=keys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
                  waiting=W, batch=Bb, residual=R, arrivals=arrivals,
                  build_seconds=t1 - t0, assembly_seconds=t2 - t1)
 
@@ -260,6 +278,12 @@ def policy_keys(states, N: int, dmax: int) -> np.ndarray:
     S = np.ascontiguousarray(states, dtype=np.int64)
     return K.encode_configs(np.ascontiguousarray(S[:, :, 0]), np.ascontiguousarray(S[:, :, 1]),
                             np.ascontiguousarray(S[:, :, 2]), _bits(N), _bits(dmax))
+
+
+def policy_configs(keys, M: int, N: int, dmax: int) -> np.ndarray:
+    """Unpack keys of :func:`policy_keys`'s packing into (n, M, 3) rows of (k, b, r)."""
+    W, Bb, R = K.decode_states(np.ascontiguousarray(keys, dtype=np.int64), int(M), _bits(N), _bits(dmax))
+    return np.stack([W, Bb, R], axis=2)
 
 
 def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, states, launch, caps=None,
@@ -276,12 +300,7 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
     raises :class:`DTMCError`); the co-running law (``dco``) is the threshold chain's.  A threshold
     vector ``B`` is the table ``launch[s, j] = (b_j = r_j = 0 and k_j >= max(B_j, 1))``.
     """
-    P = np.ascontiguousarray(P, dtype=np.float64)
-    C = np.ascontiguousarray(C, dtype=np.float64)
-    M = P.shape[0]
-    N = int(N)
-    if N < 1:
-        raise DTMCError(f"N must be >= 1, got {N}")
+    P, C, M, N = _system(P, C, N)
     S = np.asarray(states)
     Lm = np.asarray(launch)
     if S.ndim != 3 or S.shape[1:] != (M, 3):
@@ -290,23 +309,7 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
         raise DTMCError(f"policy launch must have shape {S.shape[:2]}, got {Lm.shape}")
     if S.size and (S.min() < 0 or ((S[:, :, 0] + S[:, :, 1]).sum(axis=1) != N).any()):
         raise DTMCError(f"every policy configuration must hold N = {N} requests (sum of k_i + b_i)")
-    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
-    if (caps < 1).any():
-        raise DTMCError("batch caps must be >= 1")
-    d = np.ascontiguousarray(d, dtype=np.int64)
-    if d.shape != (M, N + 1):
-        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
-    if (d < 1).any():
-        raise DTMCError("durations d must be >= 1 quantum (column 0: the empty batch)")
-    corun = dco is not None
-    if corun:
-        dco = np.ascontiguousarray(dco, dtype=np.int64)
-        if dco.shape != (M, N + 1) or (dco < 1).any():
-            raise DTMCError(f"dco must have shape ({M}, {N + 1}) and entries >= 1 quantum")
-        dmax = int(max(d.max(), dco.max()))
-    else:
-        dco = d
-        dmax = int(d.max())
+    caps, d, dco, corun, dmax = _durations(M, N, caps, d, dco, empty=True)
     bn, br = _bits(N), _bits(dmax)
     if M * (2 * bn + br) > 62:
         raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
@@ -338,14 +341,4 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
         cfg = tuple((int(W[0, i]), int(Bb[0, i]), int(R[0, i])) for i in range(M))
         raise DTMCError(f"the policy table has no valid decision for the reachable configuration "
                         f"(k, b, r per model) = {cfg}")
-    t1 = time.perf_counter()
-    nnz = int(row_ptr[n])
-    skeys = skeys[:n].copy()
-    T = sp.csr_matrix((vals[:nnz].copy(), cols[:nnz].copy(), row_ptr[: n + 1].copy()), shape=(n, n))
-    W, Bb, R = K.decode_states(skeys, M, bn, br)
-    done = (R > 0) & (R == tau[:n, None])
-    arrivals = (Bb * done) @ P
-    t2 = time.perf_counter()
-    return Chain(N=N, B=(), keys=skeys, T=T, tau=tau[:n].astype(np.float64), g=g[:n].copy(),
-                 waiting=W, batch=Bb, residual=R, arrivals=arrivals,
-                 build_seconds=t1 - t0, assembly_seconds=t2 - t1)
+    return _assemble(N, (), P, n, skeys, row_ptr, cols, vals, tau, g, bn, br, t0)

@@ -229,18 +229,22 @@ def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, 
 
 
 @njit(cache=True)
-def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
+def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty,
+               keep):
     """Enumerate the decision process of the threshold box ``lo <= B <= hi``.
 
     ``dco``/``corun``: co-running durations and whether the chain's launch law uses them (see
     :func:`_options`); every threshold vector of the box is still one stationary policy of it.
 
-    Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)``:
+    Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init)``:
     state ``s`` has routing outcomes ``out_ptr[s]:out_ptr[s+1]`` (merged,
     probabilities ``out_prob``), and outcome ``u`` may lead to the states
     ``opt_idx[opt_ptr[u]:opt_ptr[u+1]]`` (one per allowed launch decision).
     ``status``: OK, TOO_LARGE (more than ``max_states`` states or
-    ``max_entries`` option entries) or DEADLOCK.
+    ``max_entries`` option entries) or DEADLOCK.  With ``keep``, ``ukey[u]`` is outcome ``u``'s
+    pre-decision key (the configuration after the completions and routing, before any launch; idle
+    models have ``b = r = 0``; unfilled otherwise), ``key0`` the initial configuration's (all N at
+    model 0) and ``init`` the state indices its decision may lead to.
     """
     M = lo.shape[0]
     cap = 1024
@@ -273,13 +277,18 @@ def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br
     uprob = np.empty(256, dtype=np.float64)
 
     # initial configuration: all N wait at model 0, every allowed first decision is a start state
+    ukeep = np.empty(cap * 4 if keep else 1, dtype=np.int64)
+    init = np.empty(1 << M, dtype=np.int64)
     k[0] = N
+    key0 = _pack(k, b, r, M, bn, br)
     n = 0
     cnt = _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
     if cnt == 0:
-        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
+    init = init[:cnt]
     for q in range(cnt):
         ix, ins = _find(tkeys, tvals, optbuf[q], n)
+        init[q] = ix
         if ins:
             keys[n] = optbuf[q]
             n += 1
@@ -293,7 +302,7 @@ def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br
             if r[i] > 0 and r[i] < t:
                 t = r[i]
         if t == (np.int64(1) << 62):
-            return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+            return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
         na = 0
         gs = 0.0
         for i in range(M):
@@ -353,19 +362,23 @@ def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br
             if nu + 2 >= opt_ptr.shape[0]:
                 opt_ptr = _grow(opt_ptr, nu + 3)
             out_prob[nu] = uprob[o]
+            if keep:
+                if nu + 1 >= ukeep.shape[0]:
+                    ukeep = _grow(ukeep, nu + 2)
+                ukeep[nu] = last
             _unpack(last, k2, b2, r2, M, bn, br)
             cnt = _options(k2, b2, r2, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
             if cnt == 0:
-                return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
             if ne + cnt > max_entries:
-                return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
             if ne + cnt > opt_idx.shape[0]:
                 opt_idx = _grow(opt_idx, ne + cnt)
             for c2 in range(cnt):
                 ix, ins = _find(tkeys, tvals, optbuf[c2], n)
                 if ins:
                     if n >= max_states:
-                        return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+                        return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
                     if n >= keys.shape[0]:
                         keys = _grow(keys, n + 1)
                         tau = _grow(tau, n + 1)
@@ -381,7 +394,26 @@ def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br
             opt_ptr[nu] = ne
         head += 1
         out_ptr[head] = nu
-    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx
+    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
+
+
+@njit(cache=True)
+def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
+    """The decision process of the threshold box ``lo <= B <= hi`` (:func:`_mdp_build`); returns
+    ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)``."""
+    res = _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
+                     empty, False)
+    return res[0], res[1], res[2], res[3], res[4], res[5], res[6], res[7], res[8]
+
+
+@njit(cache=True)
+def policy_mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
+                     empty):
+    """:func:`mdp_build` that also returns, per routing outcome, its pre-decision key, the initial
+    configuration's key and the states its decision may lead to (the optimal-policy solver, issue 27):
+    ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, init_key, init_opts)``."""
+    return _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
+                      empty, True)
 
 
 @njit(cache=True)
@@ -1061,185 +1093,7 @@ def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol)
 
 
 # ---------------------------------------------------------------------------------------------
-# The optimal launch policy (issue 27): the all-policy decision process with its pre-decision keys.
-
-@njit(cache=True)
-def policy_mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
-                     empty):
-    """:func:`mdp_build` that also returns, per routing outcome ``u``, its pre-decision key ``ukey[u]``
-    (the configuration after the completions and routing, before any launch; idle models have
-    ``b = r = 0``) and the pre-decision keys of the initial decision (``init_keys``, one: all N at model 0).
-
-    Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, init_key,
-    init_opts)``, ``init_opts`` the state indices the initial decision may lead to.  A copy on purpose
-    (the bound's builder is hot and shared; this one serves the optimal-policy solver, issue 27).
-    """
-    M = lo.shape[0]
-    cap = 1024
-    keys = np.empty(cap, dtype=np.int64)
-    tau = np.empty(cap, dtype=np.int64)
-    g = np.empty(cap, dtype=np.float64)
-    out_ptr = np.zeros(cap + 1, dtype=np.int64)
-    out_prob = np.empty(cap * 4, dtype=np.float64)
-    opt_ptr = np.zeros(cap * 4 + 1, dtype=np.int64)
-    opt_idx = np.empty(cap * 8, dtype=np.int64)
-    tcap = 4096
-    tkeys = np.full(tcap, EMPTY, dtype=np.int64)
-    tvals = np.empty(tcap, dtype=np.int64)
-    k = np.zeros(M, dtype=np.int64)
-    b = np.zeros(M, dtype=np.int64)
-    r = np.zeros(M, dtype=np.int64)
-    k2 = np.zeros(M, dtype=np.int64)
-    b2 = np.zeros(M, dtype=np.int64)
-    r2 = np.zeros(M, dtype=np.int64)
-    done = np.zeros(M, dtype=np.int64)
-    idx = np.zeros(M, dtype=np.int64)
-    clo = np.zeros(M, dtype=np.int64)
-    chi = np.zeros(M, dtype=np.int64)
-    optbuf = np.empty(1 << M, dtype=np.int64)
-    sf = np.zeros(M, dtype=np.int64)       # scratch of _options
-    sk = np.zeros(M, dtype=np.int64)
-    sb = np.zeros(M, dtype=np.int64)
-    sr = np.zeros(M, dtype=np.int64)
-    ukeys = np.empty(256, dtype=np.int64)
-    uprob = np.empty(256, dtype=np.float64)
-
-    # initial configuration: all N wait at model 0, every allowed first decision is a start state
-    ukeep = np.empty(cap * 4, dtype=np.int64)
-    init = np.empty(1 << M, dtype=np.int64)
-    k[0] = N
-    key0 = _pack(k, b, r, M, bn, br)
-    n = 0
-    cnt = _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
-    if cnt == 0:
-        return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-    init = init[:cnt]
-    for q in range(cnt):
-        ix, ins = _find(tkeys, tvals, optbuf[q], n)
-        init[q] = ix
-        if ins:
-            keys[n] = optbuf[q]
-            n += 1
-    nu = 0
-    ne = 0
-    head = 0
-    while head < n:
-        _unpack(keys[head], k, b, r, M, bn, br)
-        t = np.int64(1) << 62
-        for i in range(M):
-            if r[i] > 0 and r[i] < t:
-                t = r[i]
-        if t == (np.int64(1) << 62):
-            return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-        na = 0
-        gs = 0.0
-        for i in range(M):
-            if r[i] > 0 and r[i] == t:
-                done[na] = i
-                clo[na] = offsets[b[i]]
-                chi[na] = offsets[b[i] + 1]
-                idx[na] = clo[na]
-                na += 1
-                gs += b[i] * cbar[i]
-        tau[head] = t
-        g[head] = gs
-        # routing outcomes -> pre-decision keys (no launch yet)
-        m = 0
-        while True:
-            p = 1.0
-            for a in range(na):
-                p *= prob[done[a], idx[a]]
-            if p > 0.0:
-                for i in range(M):
-                    k2[i] = k[i]
-                    if r[i] > 0 and r[i] != t:
-                        b2[i] = b[i]
-                        r2[i] = r[i] - t
-                    else:
-                        b2[i] = 0
-                        r2[i] = 0
-                for a in range(na):
-                    c = idx[a]
-                    for j in range(M):
-                        k2[j] += parts[c, j]
-                if m == ukeys.shape[0]:
-                    ukeys = _grow(ukeys, m + 1)
-                    uprob = _grow(uprob, m + 1)
-                ukeys[m] = _pack(k2, b2, r2, M, bn, br)
-                uprob[m] = p
-                m += 1
-            a = na - 1
-            while a >= 0:
-                idx[a] += 1
-                if idx[a] < chi[a]:
-                    break
-                idx[a] = clo[a]
-                a -= 1
-            if a < 0:
-                break
-        order = np.argsort(ukeys[:m], kind="mergesort")
-        last = np.int64(-2)
-        for q in range(m):
-            o = order[q]
-            if ukeys[o] == last:
-                out_prob[nu - 1] += uprob[o]
-                continue
-            last = ukeys[o]
-            if nu + 1 >= out_prob.shape[0]:
-                out_prob = _grow(out_prob, nu + 2)
-            if nu + 2 >= opt_ptr.shape[0]:
-                opt_ptr = _grow(opt_ptr, nu + 3)
-            out_prob[nu] = uprob[o]
-            if nu + 1 >= ukeep.shape[0]:
-                ukeep = _grow(ukeep, nu + 2)
-            ukeep[nu] = last
-            _unpack(last, k2, b2, r2, M, bn, br)
-            cnt = _options(k2, b2, r2, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
-            if cnt == 0:
-                return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-            if ne + cnt > max_entries:
-                return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-            if ne + cnt > opt_idx.shape[0]:
-                opt_idx = _grow(opt_idx, ne + cnt)
-            for c2 in range(cnt):
-                ix, ins = _find(tkeys, tvals, optbuf[c2], n)
-                if ins:
-                    if n >= max_states:
-                        return TOO_LARGE, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-                    if n >= keys.shape[0]:
-                        keys = _grow(keys, n + 1)
-                        tau = _grow(tau, n + 1)
-                        g = _grow(g, n + 1)
-                        out_ptr = _grow(out_ptr, keys.shape[0] + 1)
-                    keys[n] = optbuf[c2]
-                    n += 1
-                    if 2 * n > tkeys.shape[0]:
-                        tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
-                opt_idx[ne] = ix
-                ne += 1
-            nu += 1
-            opt_ptr[nu] = ne
-        head += 1
-        out_ptr[head] = nu
-    return OK, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-
-
-@njit(cache=True)
-def unpack_keys(keys, M, bn, br):
-    """Unpack keys into (n, M, 3) rows of (k, b, r)."""
-    n = keys.shape[0]
-    out = np.empty((n, M, 3), dtype=np.int64)
-    k = np.zeros(M, dtype=np.int64)
-    b = np.zeros(M, dtype=np.int64)
-    r = np.zeros(M, dtype=np.int64)
-    for s in range(n):
-        _unpack(keys[s], k, b, r, M, bn, br)
-        for i in range(M):
-            out[s, i, 0] = k[i]
-            out[s, i, 1] = b[i]
-            out[s, i, 2] = r[i]
-    return out
-
+# The optimal launch policy (issue 27): helpers of the all-policy process (built by policy_mdp_build).
 
 @njit(cache=True)
 def greedy_choice(nu, opt_ptr, opt_idx, h, tie):

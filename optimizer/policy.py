@@ -22,11 +22,13 @@ policy of the process, thresholds included, exceeds ``U``, and the policy reache
 above ``target_gap`` a policy-iteration step follows (relative values of the policy on the whole process,
 greedy improvement), until the policy is stable or ``max_rounds`` is spent.
 
-**Compact classes** (:func:`class_table`): ``busy`` = one threshold per model and per "is another model
-busy" (running, after the epoch's completions): ``launch_j = idle_j and k_j >= B[j][busy]``, no empty
-batches.  It is evaluated exactly through the same table mechanism and searched by steepest ascent over
-``+-1`` moves from ``(B*, B*)`` (a heuristic; its value is exact, its optimality within the class is not
-proven).
+**Compact classes** (:func:`class_table`), none with empty batches: ``busy`` = one threshold per model and
+per "is another model busy" (running, after the epoch's completions): ``launch_j = idle_j and k_j >=
+B[j][busy]``; ``residual`` = a third threshold while the others' earliest batch ends before this model's
+step would; ``window`` = a threshold and a time window per model: wait while another model's batch ends
+within ``W_j`` quanta; ``ratio`` = the same window scaled by the requests about to return over the own
+queue, the models deciding in turn (fastest first) and seeing the batches just launched.  Each is evaluated exactly through the same table mechanism and searched by steepest ascent from
+``B*`` (a heuristic; its value is exact, its optimality within the class is not proven).
 
 Supported: M >= 2 (``2^free`` options per configuration, so M = 2-3 in practice), constant and
 batch-dependent latencies, caps and co-running (the process applies the launch law, as bound 4 does).
@@ -35,6 +37,7 @@ The only limit is the size of the process (``max_states``).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,8 +46,11 @@ import numpy as np
 
 from tr_core.spec import SystemSpec
 
-CLASSES = ("busy", "residual")
-CLASS_PARAMS = {"busy": 2, "residual": 3}
+CLASSES = ("busy", "residual", "window", "ratio")
+CLASS_PARAMS = {"busy": 2, "residual": 3, "window": 2, "ratio": 2}
+# which parameters of a class are time windows in quanta (searched with larger steps, 0 allowed)
+_WINDOW_PARAM = {"busy": (False, False), "residual": (False, False, False), "window": (False, True),
+                 "ratio": (False, True)}
 
 
 class PolicyTooLarge(RuntimeError):
@@ -119,6 +125,12 @@ class Process:
     def M(self) -> int:
         return self.spec.M
 
+    @functools.cached_property
+    def configs(self) -> np.ndarray:
+        """Every pre-decision configuration of the process, (n, M, 3) rows of (k, b, r), sorted by key."""
+        pre = np.unique(np.concatenate([self.ukey, [self.init_key]]))
+        return _unpack(self, pre)
+
 
 def build_process(spec: SystemSpec, N: int, *, round_to_grid: bool = False, max_states: int = 2_000_000,
                   max_entries: int = 60_000_000) -> Process:
@@ -157,6 +169,13 @@ def build_process(spec: SystemSpec, N: int, *, round_to_grid: bool = False, max_
                    tau[:n].astype(np.float64), g[:n].copy(), out_ptr[:n + 1].copy(), out_prob[:nu].copy(),
                    opt_ptr[:nu + 1].copy(), opt_idx[:int(opt_ptr[nu])].copy(), ukey[:nu].copy(), int(key0),
                    init.copy(), bn, br)
+
+
+def _unpack(proc: Process, keys) -> np.ndarray:
+    """(n, M, 3) rows of (k, b, r) of packed process keys (the chain's packing, :func:`dtmc.policy_configs`)."""
+    from dtmc import policy_configs
+
+    return policy_configs(keys, proc.M, proc.N, (1 << proc.br) - 1)
 
 
 def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200_000, omega: float = 0.7,
@@ -211,15 +230,12 @@ def greedy(proc: Process, h: np.ndarray) -> tuple[np.ndarray, int]:
 
 def table_of(proc: Process, choice: np.ndarray, init_choice: int) -> PolicyTable:
     """The policy table of a choice: one row per distinct pre-decision configuration."""
-    from optimizer import _kernels as K
-
-    M = proc.M
     pre = np.concatenate([proc.ukey, [proc.init_key]])
     post = np.concatenate([proc.keys[_choice_states(proc, choice, init_choice)],
                            [proc.keys[proc.init_opts[init_choice]]]])
     uk, first = np.unique(pre, return_index=True)
-    S = K.unpack_keys(uk, M, proc.bn, proc.br)
-    T = K.unpack_keys(post[first], M, proc.bn, proc.br)
+    S = _unpack(proc, uk)
+    T = _unpack(proc, post[first])
     launch = (S[:, :, 2] == 0) & (T[:, :, 2] > 0)
     return PolicyTable(proc.N, S, launch)
 
@@ -317,7 +333,35 @@ def _packed(proc: Process, tab: PolicyTable) -> np.ndarray:
     return policy_keys(tab.states, proc.N, (1 << proc.br) - 1)
 
 
-def monotonicity(table: PolicyTable, only=None) -> dict:
+def decision_margins(proc: Process, h: np.ndarray) -> np.ndarray:
+    """Per pre-decision configuration (rows of ``proc.configs``) and model j, how much launching beats
+    waiting: ``max h`` over the options where idle model j launches minus ``max h`` over those where it
+    waits (NaN where j is running, or cannot both launch and wait).  ``h``: relative values of
+    :func:`value_iteration` (tokens per quantum times quanta); a margin within the value iteration's
+    tolerance is a tie, either decision optimal."""
+    M = proc.M
+    keys = np.searchsorted(np.unique(np.concatenate([proc.ukey, [proc.init_key]])), proc.ukey)
+    nent = np.diff(proc.opt_ptr)
+    owner = np.repeat(keys, nent)
+    post = _unpack(proc, proc.keys[proc.opt_idx])
+    pre = proc.configs[owner]
+    hv = h[proc.opt_idx]
+    n = proc.configs.shape[0]
+    out = np.full((n, M), np.nan)
+    for j in range(M):
+        idle = pre[:, j, 2] == 0
+        launched = idle & (post[:, j, 2] > 0)
+        a = np.full(n, -np.inf)
+        b = np.full(n, -np.inf)
+        np.maximum.at(a, owner[launched], hv[launched])
+        waited = idle & ~launched
+        np.maximum.at(b, owner[waited], hv[waited])
+        ok = np.isfinite(a) & np.isfinite(b)
+        out[ok, j] = a[ok] - b[ok]
+    return out
+
+
+def monotonicity(table: PolicyTable, only=None, margins=None, tol: float = 0.0) -> dict:
     """Is the launch decision monotone (non-decreasing) in the model's own queue for every state of the others?
 
     The system is closed, so a larger own queue ``k_j`` means fewer requests queued elsewhere.  For each
@@ -325,17 +369,22 @@ def monotonicity(table: PolicyTable, only=None) -> dict:
     and, for M >= 3, by the queues of all others but the first (which absorbs the change: its queue is
     ``N - k_j - ...``); along a group ``k_j`` moves requests between j's queue and that first other's queue.
     A group violates monotonicity when a launch at some ``k_j`` is followed by a wait at a larger ``k_j``.
-    ``only``: a boolean row mask (e.g. the configurations met under the policy).  Returns per model
-    ``{"groups": .., "violations": .., "example": None or ((k_j, launch), ...) of the first violating group}``.
+    ``only``: a boolean row mask (e.g. the configurations met under the policy).  ``margins`` (rows as the
+    table's, e.g. :func:`decision_margins` when the table is ``proc.configs``'s) with ``tol``: a decision
+    whose margin is within ``tol`` is a tie and does not count (``launch`` then holds either way).
+    Returns per model ``{"groups": .., "violations": .., "example": None or ((k_j, launch), ...) of the first
+    violating group}``.
     """
     S, Lm = table.states, table.launch
+    tie = np.zeros(Lm.shape, dtype=bool) if margins is None else np.abs(np.asarray(margins)) <= tol
     if only is not None:
-        S, Lm = S[only], Lm[only]
+        S, Lm, tie = S[only], Lm[only], tie[only]
     M = S.shape[1]
     out = {}
     for j in range(M):
         idle = S[:, j, 2] == 0
-        Sj, Lj = S[idle], Lm[idle, j]
+        strict = idle & ~tie[:, j]
+        Sj, Lj = S[strict], Lm[strict, j]
         oth = [i for i in range(M) if i != j]
         key = np.concatenate([Sj[:, oth, 1], Sj[:, oth, 2], Sj[:, oth[1:], 0]], axis=1)
         groups: dict = {}
@@ -364,16 +413,23 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
     ``residual``: ``params[j] = (B_idle, B_long, B_short)``: as ``busy``, with ``B_long`` while the earliest
     of the others' running batches ends no sooner than j's step would (its duration under the launch law,
     ``dco_j`` with co-running, for the batch it would take) and ``B_short`` while it ends sooner.
+    ``window``: ``params[j] = (B_j, W_j)``: idle model j launches when ``k_j >= B_j`` unless another model's
+    running batch ends within ``W_j`` quanta (then it waits for the requests that batch will route;
+    ``W_j = 0``: the threshold rule).
+    ``ratio``: ``params[j] = (B_j, W_j)``: as ``window``, with a window that grows with the requests about to
+    return and shrinks with the own queue: j waits while, for some running batch ending in ``t`` quanta,
+    ``t * k_j <= W_j * A(t)``, ``A(t)`` the requests of the running batches that end within ``t``.  The models
+    decide in turn, fastest step first, and a batch launched earlier in the same epoch counts as running
+    (its residual: its step, ``dco`` when another model runs).
     A threshold of N + 1 never launches.
     """
     if cls not in CLASSES:
         raise ValueError(f"unknown policy class {cls!r}; choose one of {', '.join(CLASSES)}")
-    from optimizer import _kernels as K
-
-    pre = np.unique(np.concatenate([proc.ukey, [proc.init_key]]))
-    S = K.unpack_keys(pre, proc.M, proc.bn, proc.br)
+    S = proc.configs
     M = proc.M
     Bp = np.asarray(params, dtype=np.int64).reshape(M, CLASS_PARAMS[cls])
+    if cls == "ratio":
+        return PolicyTable(proc.N, S, _ratio_launch(proc, S, Bp))
     running = S[:, :, 2] > 0
     launch = np.zeros((S.shape[0], M), dtype=bool)
     big = np.int64(1) << 40
@@ -387,8 +443,38 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
             take = np.minimum(S[:, j, 0], int(proc.caps[j]))
             own = dco[j, take]
             thr = np.where(other & (rmin < own), Bp[j, 2], thr)
+        if cls == "window":
+            rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
+            thr = np.where(rmin <= Bp[j, 1], big, Bp[j, 0])
         launch[:, j] = (~running[:, j]) & (S[:, j, 0] >= np.maximum(thr, 1))
     return PolicyTable(proc.N, S, launch)
+
+
+def _ratio_launch(proc: Process, S: np.ndarray, Bp: np.ndarray) -> np.ndarray:
+    """The ``ratio`` class's decisions: the models decide one after another, fastest step first, each seeing
+    the batches launched before it in the same epoch (their residual: the step under the launch law)."""
+    M, n = proc.M, S.shape[0]
+    dco = proc.d if proc.dco is None else proc.dco
+    R = S[:, :, 2].copy()
+    Bb = S[:, :, 1].copy()
+    launch = np.zeros((n, M), dtype=bool)
+    for j in sorted(range(M), key=lambda m: (int(proc.d[m, 1]), m)):
+        oth = [i for i in range(M) if i != j]
+        run = R > 0
+        wait = np.zeros(n, dtype=bool)
+        for i in oth:
+            t = R[:, i]
+            arriving = np.zeros(n, dtype=np.int64)
+            for l in oth:
+                arriving += np.where(run[:, l] & (R[:, l] <= t), Bb[:, l], 0)
+            wait |= run[:, i] & (t * S[:, j, 0] <= Bp[j, 1] * arriving)
+        go = (S[:, j, 2] == 0) & (S[:, j, 0] >= max(int(Bp[j, 0]), 1)) & ~wait
+        launch[:, j] = go
+        take = np.minimum(S[:, j, 0], int(proc.caps[j]))
+        step = np.where(run[:, oth].any(axis=1), dco[j, take], proc.d[j, take])
+        R[:, j] = np.where(go, step, R[:, j])
+        Bb[:, j] = np.where(go, take, Bb[:, j])
+    return launch
 
 
 def threshold_table(proc: Process, B) -> PolicyTable:
@@ -397,13 +483,14 @@ def threshold_table(proc: Process, B) -> PolicyTable:
 
 
 def class_start(cls: str, B) -> list[int]:
-    """A class's parameters equal to the threshold vector ``B`` (the search's start)."""
-    return [int(b) for b in B for _ in range(CLASS_PARAMS[cls])]
+    """A class's parameters equal to the threshold vector ``B`` (the search's start; windows 0)."""
+    return [0 if w else int(b) for b in B for w in _WINDOW_PARAM[cls]]
 
 
 def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, max_evals: int = 400):
-    """Steepest ascent over ``+-1`` moves of a class's parameters from ``start`` (and jumps to 1 and to N + 1,
-    never); ``(params, tok/s, evaluated)``.
+    """Steepest ascent over ``+-1`` moves of a class's thresholds from ``start`` (and jumps to 1 and to N + 1,
+    never) and moves of ``+-1, 2, 4, ...`` quanta up to the longest step of its windows (``>= 0``, and a jump
+    to 0); ``(params, tok/s, evaluated)``.
 
     A parameter set whose chain deadlocks is skipped.  A heuristic: the value is exact, the optimality in
     the class is not proven."""
@@ -412,10 +499,14 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
     scale = 1000.0 / spec.delta_ms
     cache: dict = {}
 
+    win = _WINDOW_PARAM[cls] * proc.M
+    dlong = int(proc.d.max()) if proc.dco is None else int(max(proc.d.max(), proc.dco.max()))
+    wbits = max(1, dlong.bit_length())
+
     def val(p):
         p = tuple(int(x) for x in p)
         if p not in cache:
-            if min(p) < 1 or max(p) > N + 1:
+            if any((x < 0) if w else (x < 1 or x > N + 1) for x, w in zip(p, win)):
                 cache[p] = -math.inf
             else:
                 try:
@@ -430,7 +521,9 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
     while len(cache) < max_evals:
         nxt = None
         for i in range(len(cur)):
-            for to in (cur[i] - 1, cur[i] + 1, 1, N + 1):
+            moves = ([cur[i] + s * (1 << e) for e in range(wbits) for s in (-1, 1)] + [0]) if win[i] \
+                else (cur[i] - 1, cur[i] + 1, 1, N + 1)
+            for to in moves:
                 q = list(cur)
                 q[i] = to
                 v = val(q)

@@ -135,3 +135,75 @@ def test_policy_iteration_closes_a_loose_value_iteration():
     assert loose.throughput_tok_s == pytest.approx(tight.throughput_tok_s, rel=1e-10)
     stuck = optimal_policy(spec, N, proc=proc, rtol=0.2, max_rounds=0)
     assert stuck.rounds == 0 and stuck.gap > 1e-6
+
+
+def test_window_class():
+    """W = 0 is the threshold chain; the SLM's window of one SLM step (wait while the LLM returns sooner) is
+    the optimum at R2R N = 4 (the residual rule); the search from B* finds a value at least as high."""
+    spec, N = _r2r(), 4
+    proc = build_process(spec, N)
+    d, _ = _quanta(spec, N)
+    same = evaluate_table(spec, N, class_table(proc, "window", [(1, 0), (3, 0)])).throughput_per_quantum
+    assert same == pytest.approx(solve_chain(spec.P, spec.C, d, N, (1, 3)).throughput_per_quantum, rel=1e-12)
+    opt = optimal_policy(spec, N, proc=proc)
+    win = evaluate_table(spec, N, class_table(proc, "window", [(1, int(d[0, 1]) - 1), (3, 0)]))
+    assert win.throughput_per_quantum * 1e4 == pytest.approx(opt.throughput_tok_s, rel=1e-10)
+    from optimizer.policy import class_start, search_class
+    p, v, _n = search_class(spec, N, proc, "window", class_start("window", (1, 3)))
+    assert v >= opt.throughput_tok_s * (1 - 1e-9)
+    # a window of 0 quanta on every model but with the ratio class is again the threshold chain
+    r0 = evaluate_table(spec, N, class_table(proc, "ratio", [(1, 0), (3, 0)])).throughput_per_quantum
+    assert r0 == pytest.approx(same, rel=1e-12)
+
+
+def test_ratio_window_waits_for_returning_requests():
+    """The ratio class's decisions: model 0 (the fastest, deciding first) waits exactly where some running batch
+    ends in ``t`` quanta with ``t k_0 <= W A(t)``; the slowest model sees the batch model 0 just launched."""
+    from optimizer.policy import Process
+    spec, N = preset("me", [0.3, 0.5, 0.7], weights=[0.5, 0.3, 0.2]), 3
+    proc = build_process(spec, N)
+    S = proc.configs
+    tab = class_table(proc, "ratio", [(1, 2), (1, 0), (1, 0)])
+    for s, lm in zip(S, tab.launch):
+        k0, idle0 = s[0, 0], s[0, 2] == 0
+        if not idle0 or k0 == 0:
+            assert not lm[0]
+            continue
+        run = [i for i in (1, 2) if s[i, 2] > 0]
+        wait = any(s[i, 2] * k0 <= 2 * sum(s[l, 1] for l in run if s[l, 2] <= s[i, 2]) for i in run)
+        assert lm[0] == (not wait)
+    assert isinstance(proc, Process)
+    # all idle, k = (2, 0, 1): model 0 launches 2 (a step of d_0(2) quanta, A = 2 requests coming back);
+    # model 2 (queue 1) waits iff d_0(2) * 1 <= W_2 * 2
+    row = np.flatnonzero((S[:, :, 0] == [2, 0, 1]).all(axis=1) & (S[:, :, 2] == 0).all(axis=1))
+    assert row.size == 1
+    t = int(proc.d[0, 2])
+    seen = set()
+    for W2 in range(t + 1):
+        lm = class_table(proc, "ratio", [(1, 0), (1, 0), (1, W2)]).launch[row[0]]
+        assert lm[0] and lm[2] == (t > 2 * W2)
+        seen.add(bool(lm[2]))
+    assert seen == {True, False}
+
+
+def test_decision_margins_agree_with_the_optimal_table():
+    """Where the margin of launching over waiting is clear, the optimal (greedy) table takes that side; a
+    non-monotone group made only of ties is not counted."""
+    from optimizer.policy import decision_margins, table_of
+    spec, N = _r2r(), 6
+    proc = build_process(spec, N)
+    h, _lo, _hi, _sw = value_iteration(proc, rtol=1e-10)
+    choice, init = greedy(proc, h)
+    tab = table_of(proc, choice, init)
+    assert np.array_equal(tab.states, proc.configs)
+    marg = decision_margins(proc, h)
+    tol = 1e-9 * (np.abs(h).max() + 1)
+    clear = np.isfinite(marg) & (np.abs(marg) > tol)
+    assert clear.any()
+    assert np.array_equal(tab.launch[clear], marg[clear] > 0)
+    # the 2-model example of test_busy_class_and_monotonicity with the offending wait marked a tie
+    S = np.array([[[1, 0, 0], [1, 1, 5]], [[2, 0, 0], [0, 1, 5]]])
+    Lm = np.array([[True, False], [False, False]])
+    assert monotonicity(PolicyTable(3, S, Lm))[0]["violations"] == 1
+    m = np.array([[1.0, np.nan], [0.0, np.nan]])
+    assert monotonicity(PolicyTable(3, S, Lm), margins=m, tol=1e-12)[0]["violations"] == 0

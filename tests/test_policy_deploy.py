@@ -468,3 +468,20 @@ def test_runtime_decides_at_events_like_the_chain_under_corunning(tmp_path):
     assert abs(r.throughput_tok_s - table.policy_predicted_tok_s[7]) <= r.throughput_ci95_tok_s
     b = run(table.lookup(8))
     assert abs(b.throughput_tok_s - table.predicted(8)) <= b.throughput_ci95_tok_s
+
+
+def test_cli_optimize_policy_optimal_prints_value_gap_and_table(tmp_path, capsys):
+    from tr_model.cli import main
+    assert main(["--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--policy", "optimal", "--format", "json",
+                 "--no-cache"]) == 0
+    p = json.loads(capsys.readouterr().out)["results"][0]["policy"]
+    assert p["class"] == "optimal" and p["gap"] < 1e-6
+    assert p["throughput_tok_s"] == pytest.approx(208.5644, abs=1e-3)
+    assert p["upper_bound_tok_s"] >= p["throughput_tok_s"] * (1 - 1e-9)
+    assert p["gain_vs_b_star"] == pytest.approx(208.5644 / 207.9540 - 1, abs=1e-5)
+    e = p["table"]["entries"][0]
+    assert set(e) == {"k", "b", "r_quanta", "launch"} and len(p["table"]["entries"]) > 100
+    with pytest.raises(SystemExit) as ex:
+        main(["--p", "0.35", "--L", "6.0", "27.9", "--N", "1-4", "--policy", "optimal", "--thresholds",
+              str(tmp_path / "o.json"), "--no-cache"])
+    assert ex.value.code == 2 and "compact policy class" in capsys.readouterr().err

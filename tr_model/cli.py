@@ -86,11 +86,13 @@ def _add_search_args(p) -> None:
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
     from tr_model.launch_policy import POLICY_CLASSES
-    s.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
-                   "policy class at each N, from B*(N) (steepest ascent, exact chain values): busy = a threshold "
-                   "per model while no other model runs and one while another does; residual = idle / the "
-                   "other's batch ends no sooner than this model's step / ends sooner. Prints its thresholds, "
-                   "throughput and gain over B*")
+    s.add_argument("--policy", choices=POLICY_CLASSES + ("optimal",), help="also search this compact "
+                   "state-dependent launch policy class at each N, from B*(N) (steepest ascent, exact chain "
+                   "values): busy = a threshold per model while no other model runs and one while another does; "
+                   "residual = idle / the other's batch ends no sooner than this model's step / ends sooner. "
+                   "optimal: the optimal launch policy (value iteration on the all-policy decision process, its "
+                   "exact throughput, the bound and the proven gap; the table in --format json; not written to "
+                   "--thresholds). Prints the policy's throughput and gain over B*")
     s.add_argument("--search", choices=SEARCHES, default=DEFAULT_SEARCH, help=search_help(DEFAULT_SEARCH))
     s.add_argument("--max-gap", type=float, default=DEFAULT_MAX_GAP, metavar="G", help="certified/auto: relative "
                    "gap between B* and the proven upper bound at which the search stops (default %(default)g)")
@@ -270,6 +272,9 @@ def _refuse_dropped(a) -> None:
         refuse_given(a, ["policy", "thresholds"], "searches from B*(N); --B evaluates one vector (drop one of them)")
     if a.method != "exact":
         refuse_given(a, ["policy", "thresholds"], "needs the exact chain (--method exact)")
+    if a.policy == "optimal" and a.thresholds:
+        raise SpecError("--thresholds carries a compact policy class (--policy busy or residual); the optimal "
+                        "table is printed (--format json), not written to a thresholds file")
 
 
 def _parse_workers(value: str, total: int) -> int:
@@ -527,6 +532,8 @@ def _compute_policies(plan: Plan, doc: dict) -> None:
     from tr_model.launch_policy import class_policy
     from tr_model.thresholds import POLICY_COLUMNS
     spec = plan.system.spec
+    if plan.policy == "optimal":
+        return _compute_optimal(plan, doc)
     for r in doc["results"]:
         try:
             res = class_policy(spec, r["N"], plan.policy, r["B"], round_to_grid=plan.system.round_to_grid)
@@ -539,6 +546,31 @@ def _compute_policies(plan: Plan, doc: dict) -> None:
                        "evaluated": res.evaluated, "process_states": res.process_states,
                        "chain_states": res.chain_states, "seconds": res.seconds,
                        "certificate": "local (steepest ascent from B*: exact value, not proven optimal in the class)"}
+
+
+def _compute_optimal(plan: Plan, doc: dict) -> None:
+    """--policy optimal: ``optimizer.policy.optimal_policy`` at each N; ``row["policy"]`` with the table."""
+    from optimizer.policy import PolicyTooLarge, optimal_policy
+    spec = plan.system.spec
+    for r in doc["results"]:
+        try:
+            res = optimal_policy(spec, r["N"], round_to_grid=plan.system.round_to_grid)
+        except PolicyTooLarge as e:
+            raise StateSpaceTooLarge(f"--policy optimal at N = {r['N']}: {e}") from None
+        r["policy"] = {"class": "optimal", "columns": ["table"], "throughput_tok_s": res.throughput_tok_s,
+                       "throughput_error_bound": res.throughput_error_bound,
+                       "upper_bound_tok_s": res.upper_bound_tok_s, "gap": res.gap,
+                       "gain_vs_b_star": res.throughput_tok_s / r["throughput_tok_s"] - 1.0,
+                       "process_states": res.process_states, "chain_states": res.chain_states,
+                       "empty_batches": res.empty_batches, "rounds": res.rounds, "seconds": res.seconds,
+                       "table": res.table.to_json(),
+                       "certificate": "optimal within the proven gap to the all-policy bound"}
+
+
+def _policy_cell(p: dict) -> str:
+    if p["class"] == "optimal":
+        return f"table of {len(p['table']['entries'])} configurations, gap {p['gap']:.1e}"
+    return " ".join("(" + ", ".join("never" if b is None else str(b) for b in x) + ")" for x in p["thresholds"])
 
 
 def _write_thresholds_file(plan: Plan, found: list, doc_results: list) -> None:
@@ -729,9 +761,8 @@ def _render_table(doc: dict, vectors: bool) -> str:
                              "policy s"]
         for r, row in zip(results, rows):
             p = r.get("policy")
-            row += ["-"] * 4 if p is None else [
-                " ".join("(" + ", ".join("never" if b is None else str(b) for b in x) + ")" for x in p["thresholds"]),
-                f"{p['throughput_tok_s']:.2f}", f"{100 * p['gain_vs_b_star']:+.2f} %", f"{p['seconds']:.2f}"]
+            row += ["-"] * 4 if p is None else [_policy_cell(p), f"{p['throughput_tok_s']:.2f}",
+                                               f"{100 * p['gain_vs_b_star']:+.2f} %", f"{p['seconds']:.2f}"]
     Ls = ", ".join(f"{x:g}" for x in spec["step_latency_ms"])
     co = ""
     if spec.get("corun_latency") and any(c is not None for c in spec["corun_latency"]):
@@ -762,8 +793,7 @@ def _render_csv(doc: dict) -> str:
         keys = keys + ["policy_class", "policy_thresholds", "policy_tok_s", "policy_gain_vs_b_star"]
         for r, row in zip(results, rows):
             p = r["policy"]
-            pol = " ".join("(" + _b(["never" if b is None else b for b in x]) + ")" for x in p["thresholds"])
-            row += [p["class"], pol, p["throughput_tok_s"], p["gain_vs_b_star"]]
+            row += [p["class"], _policy_cell(p), p["throughput_tok_s"], p["gain_vs_b_star"]]
     return to_csv(keys, rows)
 
 

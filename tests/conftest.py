@@ -58,6 +58,10 @@ def run_tool():
 
 
 def pytest_collection_modifyitems(config, items):
+    # Longest first: the tests marked slow start the run, so that on pytest-xdist's workers (README: -n 3
+    # --dist worksteal) no long test is left to run alone at the end while the other workers sit idle.  The
+    # sort is stable and the same in every worker (xdist requires identical collections).
+    items.sort(key=lambda item: "slow" not in item.keywords)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -55,6 +55,7 @@ def test_virtual_clock_runs_are_repeatable_and_take_no_wall_time():
     assert c.tokens != a.tokens
 
 
+@pytest.mark.slow
 def test_runtime_agrees_with_the_chain_and_ranks_thresholds_like_it():
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     res = {}

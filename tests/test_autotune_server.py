@@ -361,6 +361,7 @@ def test_the_deadline_is_taken_on_the_given_clock(tmp_path):
     assert str(out) not in autotune._WORKERS and sorted(os.listdir(tmp_path)) == ["th.json"]
 
 
+@pytest.mark.slow
 def test_certified_rows_use_the_all_policy_bound(tmp_path):
     """Rows cut short by a per-N budget carry the all-policy bound (solved once at N = 24, scaled), not the
     no-wait bound: it is within a few percent of B*, and it is still a bound (checked against the exact chain's

@@ -91,6 +91,7 @@ def test_both_flags_refused(tmp_path, capsys):
     _one_error(rc, err, "--corun-slowdown and --corun-L-table")
 
 
+@pytest.mark.slow
 def test_slowdown_matches_the_api_and_the_spec_field(tmp_path, capsys):
     rc, out, err = _main(R2R + ["--N", "4", "--B", "1", "1", "--no-cache", "--format", "json",
                                 "--corun-slowdown", "2.8", "1.05", "--round"], capsys)

@@ -52,6 +52,7 @@ def _temp_files(folder):
     return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_tr_optimize_one_worker(tmp_path):
     cache = tmp_path / "cache"
     out = tmp_path / "r.json"

@@ -84,6 +84,7 @@ def test_cli_l_table_caps_and_admission(run_tool, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: --delta")
 
 
+@pytest.mark.slow
 def test_cli_method_simulate_and_auto(run_tool):
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--B", "1", "3", "--method",
                  "simulate", "--sim-steps", "400000", "--format", "json", "--no-cache")

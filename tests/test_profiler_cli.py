@@ -137,6 +137,7 @@ def test_routing_cli_bad_input(run_tool, run_main, tmp_path):
     assert_error(run_main("bogus"))
 
 
+@pytest.mark.slow
 def test_latency_cli_six_batch_sizes(run_tool, configs, tmp_path):
     r = run_tool("tr-profile", "latency", "--config", configs[0], "--batch-sizes", "1-2", "4", "8", "16", "32",
                  "--context", "32", "--steps", "5", "--threads", "1", "--format", "json")
@@ -185,6 +186,7 @@ def test_latency_cli_bad_input(run_tool, run_main, configs, tmp_path):
                           "--batch-sizes", "1"), "--extend-tokens")
 
 
+@pytest.mark.slow
 def test_route_run_and_system_cli(run_tool, run_main, configs, prompts, tmp_path):
     r = run_tool("tr-profile", "route-run", "--model", configs[0], "--config", configs[1], "--prompts", prompts,
                  "--policy", "confidence", "--tau", "0.02", "--max-new-tokens", "6", "--trace-out", "rr.jsonl",

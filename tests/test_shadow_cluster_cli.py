@@ -45,6 +45,7 @@ def test_simulate_table_and_csv():
     assert len(rows) == 1 and rows[0]["approach"] == "No Shadow" and rows[0]["window"] == "0.5"
 
 
+@pytest.mark.slow
 def test_compare_csv_and_sweep():
     r = tr_shadow("compare", *BASE, "--approaches", "Harvest-SLO", "Oracle", "--sim-seeds", "0", "1", "--windows",
                   "peak", "--format", "csv")
@@ -65,6 +66,7 @@ def test_compare_csv_and_sweep():
     assert {x["param"] for x in doc["results"]} == {"load"} and [x["value"] for x in doc["results"]] == [0.3] * 2 + [0.8] * 2
 
 
+@pytest.mark.slow
 def test_compare_models_per_router_sweep():
     r = tr_shadow("compare", "--synthetic", "--sessions", "30", "--warmup-s", "10", "--measure-s", "60",
                   "--sweep", "models-per-router", "2", "3", "--sim-seeds", "0", "--windows", "peak", "--format", "json")

@@ -485,3 +485,14 @@ def test_cli_optimize_policy_optimal_prints_value_gap_and_table(tmp_path, capsys
         main(["--p", "0.35", "--L", "6.0", "27.9", "--N", "1-4", "--policy", "optimal", "--thresholds",
               str(tmp_path / "o.json"), "--no-cache"])
     assert ex.value.code == 2 and "compact policy class" in capsys.readouterr().err
+
+
+def test_cli_measure_runs_a_v3_file_and_predicts_its_policy(v3, capsys):
+    from tr_model.autotune_cli import main
+    assert main(["measure", "--thresholds", str(v3[0]), "--p", "0.35", "--L", "6.0", "27.9", "--N", "8",
+                 "--time-scale", "5", "--duration-s", "1", "--warmup-s", "0.2", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["policy"] == {"class": "residual", "columns": list(v3[1].policy_columns),
+                           "thresholds": [[1, 1, None], [5, 5, 5]]}
+    assert d["predicted"]["throughput_tok_s"] == pytest.approx(v3[1].policy_predicted_tok_s[7])
+    assert d["measured"]["throughput_tok_s"] > 0

@@ -444,6 +444,7 @@ def test_tr_autotune_serve_runs_a_v3_file(v3):
         proc.stderr.close()
 
 
+@pytest.mark.slow
 def test_runtime_decides_at_events_like_the_chain_under_corunning(tmp_path):
     """Co-running (1.5, 1.05), launch law, N = 8: the residual policy (2, 1, 3) (6, 6, 6) waits with one SLM
     request while the LLM is idle but launches it beside a running LLM.  The chain decides only at events

@@ -8,7 +8,7 @@ R2R (p = 0.35, L = 6.0 / 27.9 ms) or ME (w = 0.5 / 0.3 / 0.2, L = 6.0 / 15.0 / 2
 ``--corun-slowdown`` (one factor per model, missing ones 1.0) applies the co-running launch law with the
 latencies rounded to the grid.  B*: the exact threshold search (optimizer.optimize_thresholds, pruned).
 Classes (optimizer.policy.class_table): exact values in the chain under the class's table, steepest ascent
-from B* (heuristic search); window and timer also from the member that best fits the optimal table
+from B* (heuristic search); window also from the member that best fits the optimal table
 (optimizer.policy.fit_class), the better of the two.  optimum: the greedy policy of relative value iteration on the all-policy
 process, evaluated exactly in the chain under its table; bound: the all-policy bound; gap = proven
 (bound - optimum) / bound.  Monotone: groups of configurations the optimal policy meets where the launch
@@ -66,12 +66,11 @@ def main():
         h, *_ = value_iteration(proc, rtol=1e-10)
         choice, init = greedy(proc, h)
         met = np.isin(_packed(proc, r.table), reached_configs(proc, choice, init))
-        never = int(proc.d.max()) if proc.dco is None else int(max(proc.d.max(), proc.dco.max()))
         found = {}
         for c in a.classes:
-            p, v, nev = search_class(spec, N, proc, c, class_start(c, B, never))
-            if c in ("window", "timer"):      # a second ascent from the member that best fits the optimum
-                p2, v2, nev2 = search_class(spec, N, proc, c, fit_class(proc, c, r.table, met, never))
+            p, v, nev = search_class(spec, N, proc, c, class_start(c, B))
+            if c == "window":      # a second ascent from the member that best fits the optimum
+                p2, v2, nev2 = search_class(spec, N, proc, c, fit_class(proc, c, r.table, met))
                 nev += nev2
                 if v2 > v:
                     p, v = p2, v2

@@ -22,14 +22,12 @@ policy of the process, thresholds included, exceeds ``U``, and the policy reache
 above ``target_gap`` a policy-iteration step follows (relative values of the policy on the whole process,
 greedy improvement), until the policy is stable or ``max_rounds`` is spent.
 
-**Compact classes** (:func:`class_table`), none with empty batches but ``timer``: ``busy`` = one threshold per model and
+**Compact classes** (:func:`class_table`), none with empty batches: ``busy`` = one threshold per model and
 per "is another model busy" (running, after the epoch's completions): ``launch_j = idle_j and k_j >=
 B[j][busy]``; ``residual`` = a third threshold while the others' earliest batch ends before this model's
 step would; ``window`` = a threshold and a time window per model: wait while another model's batch ends
 within ``W_j`` quanta; ``ratio`` = the same window scaled by the requests about to return over the own
-queue, the models deciding in turn (fastest first) and seeing the batches just launched; ``timer`` = ``window``
-and a timer (an empty batch) started by an idle model with nothing queued while the others return later than
-``E_j`` quanta.  Each is evaluated exactly through the same table mechanism and searched by steepest ascent from
+queue, the models deciding in turn (fastest first) and seeing the batches just launched.  Each is evaluated exactly through the same table mechanism and searched by steepest ascent from
 ``B*`` (a heuristic; its value is exact, its optimality within the class is not proven).
 
 Supported: M >= 2 (``2^free`` options per configuration, so M = 2-3 in practice), constant and
@@ -48,11 +46,11 @@ import numpy as np
 
 from tr_core.spec import SystemSpec
 
-CLASSES = ("busy", "residual", "window", "ratio", "timer")
-CLASS_PARAMS = {"busy": 2, "residual": 3, "window": 2, "ratio": 2, "timer": 3}
+CLASSES = ("busy", "residual", "window", "ratio")
+CLASS_PARAMS = {"busy": 2, "residual": 3, "window": 2, "ratio": 2}
 # which parameters of a class are time windows in quanta (searched with larger steps, 0 allowed)
 _WINDOW_PARAM = {"busy": (False, False), "residual": (False, False, False), "window": (False, True),
-                 "ratio": (False, True), "timer": (False, True, True)}
+                 "ratio": (False, True)}
 
 
 class PolicyTooLarge(RuntimeError):
@@ -423,9 +421,6 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
     ``t * k_j <= W_j * A(t)``, ``A(t)`` the requests of the running batches that end within ``t``.  The models
     decide in turn, fastest step first, and a batch launched earlier in the same epoch counts as running
     (its residual: its step, ``dco`` when another model runs).
-    ``timer``: ``params[j] = (B_j, W_j, E_j)``: as ``window``, and an idle model with an empty queue starts a
-    timer (an empty batch: busy ``d_j(0)`` quanta, then decides again) while the others' earliest batch ends
-    more than ``E_j`` quanta away (``E_j`` at least the longest step: never).
     A threshold of N + 1 never launches.
     """
     if cls not in CLASSES:
@@ -448,12 +443,10 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
             take = np.minimum(S[:, j, 0], int(proc.caps[j]))
             own = dco[j, take]
             thr = np.where(other & (rmin < own), Bp[j, 2], thr)
-        if cls in ("window", "timer"):
+        if cls == "window":
             rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
             thr = np.where(rmin <= Bp[j, 1], big, Bp[j, 0])
         launch[:, j] = (~running[:, j]) & (S[:, j, 0] >= np.maximum(thr, 1))
-        if cls == "timer":
-            launch[:, j] |= (~running[:, j]) & (S[:, j, 0] == 0) & other & (rmin > max(int(Bp[j, 1]), int(Bp[j, 2])))
     return PolicyTable(proc.N, S, launch)
 
 
@@ -489,21 +482,19 @@ def threshold_table(proc: Process, B) -> PolicyTable:
     return class_table(proc, "busy", [(int(b), int(b)) for b in B])
 
 
-def class_start(cls: str, B, never: int = 1 << 20) -> list[int]:
-    """A class's parameters equal to the threshold vector ``B`` (the search's start; windows 0, timers
-    ``never`` quanta: pass the longest step)."""
-    return [int(b) if not w else (never if (cls == "timer" and c == 2) else 0)
-            for b in B for c, w in enumerate(_WINDOW_PARAM[cls])]
+def class_start(cls: str, B) -> list[int]:
+    """A class's parameters equal to the threshold vector ``B`` (the search's start; windows 0)."""
+    return [0 if w else int(b) for b in B for w in _WINDOW_PARAM[cls]]
 
 
-def fit_class(proc: Process, cls: str, table: PolicyTable, only=None, never: int = 1 << 20) -> list[int]:
-    """The member of class ``window`` or ``timer`` that agrees with ``table`` (e.g. the optimal policy's) on
-    the most decisions of the rows in ``only`` (default all), model by model (a model's decisions in these
-    classes depend on its own parameters only); candidate windows are the residuals met there.  A start for
+def fit_class(proc: Process, cls: str, table: PolicyTable, only=None) -> list[int]:
+    """The member of class ``window`` that agrees with ``table`` (e.g. the optimal policy's) on the most
+    decisions of the rows in ``only`` (default all), model by model (a model's decisions in this class depend
+    on its own parameters only); candidate windows are the residuals met there.  A start for
     :func:`search_class` where a steepest ascent from B* stalls (a class member far from B* in several
     parameters at once)."""
-    if cls not in ("window", "timer"):
-        raise ValueError(f"fit_class supports 'window' and 'timer', not {cls!r}")
+    if cls != "window":
+        raise ValueError(f"fit_class supports 'window', not {cls!r}")
     S, L = table.states, table.launch
     if only is not None:
         S, L = S[only], L[only]
@@ -517,18 +508,15 @@ def fit_class(proc: Process, cls: str, table: PolicyTable, only=None, never: int
         other = running[:, oth].any(axis=1)
         rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
         cands = np.unique(np.concatenate([[0], rmin[idle & other]]))
-        ecands = np.unique(np.concatenate([[never], rmin[idle & other] - 1])) if cls == "timer" else [never]
         best, arg = -1, None
         kj = S[:, j, 0]
         for B in range(1, N + 2):
             for W in cands:
-                base = idle & (kj >= B) & ~(rmin <= W)
-                for E in ecands:
-                    lj = base | (idle & (kj == 0) & other & (rmin > max(W, E))) if cls == "timer" else base
-                    agree = int((lj[idle] == L[idle, j]).sum())
-                    if agree > best:
-                        best, arg = agree, (B, int(W), int(E))
-        out += list(arg[:CLASS_PARAMS[cls]])
+                lj = idle & (kj >= B) & ~(rmin <= W)
+                agree = int((lj[idle] == L[idle, j]).sum())
+                if agree > best:
+                    best, arg = agree, (B, int(W))
+        out += list(arg)
     return out
 
 

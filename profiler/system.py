@@ -44,6 +44,7 @@ from typing import Sequence
 
 from profiler.latency import LatencyProfile, ProfileError
 from profiler.routing import RoutingEstimate, routing_provenance, spec_matrices
+from tr_core.quanta import round_to_grid  # noqa: F401  (the grid rule's one home; importable here too)
 from tr_core.spec import LatencyCurve, SystemSpec, make_spec
 
 CURVES = ("table", "constant", "affine")
@@ -102,11 +103,6 @@ def curve_warnings(prof: LatencyProfile) -> list[str]:
             out.append(f"noisy samples at b = {s.batch_size} (std {s.std_ms:.3g} ms, min {s.min_ms:.4g}, p90 "
                        f"{s.p90_ms:.4g}, median {s.median_ms:.4g} ms)")
     return out
-
-
-def round_to_grid(value_ms: float, delta_ms: float) -> float:
-    q = max(1, int(round(value_ms / delta_ms)))
-    return float(round(q * delta_ms, 12))
 
 
 def auto_delta(values_ms: Sequence[float], rtol: float) -> float:

@@ -28,12 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from tr_core.errors import SpecError
+from tr_core.quanta import grid_errors, quanta_array  # noqa: F401  (the grid rule's one home; re-exported)
 from tr_core.spec import CorunLatency, LatencyCurve, SystemSpec
-
-
-def grid_errors(latencies: np.ndarray, delta: float) -> np.ndarray:
-    q = np.maximum(1.0, np.round(latencies / delta))
-    return (q * delta - latencies) / latencies
 
 
 def coarsest_delta(latencies: Sequence[float], rtol: float = 0.01, min_delta: float = 1e-4) -> float:
@@ -54,7 +50,7 @@ def coarsest_delta(latencies: Sequence[float], rtol: float = 0.01, min_delta: fl
     c = c[c <= lmin * (1 + rtol)]
     for start in range(0, c.size, 4096):
         block = c[start:start + 4096]
-        q = np.maximum(1.0, np.round(L[None, :] / block[:, None]))
+        q = quanta_array(L[None, :], block[:, None])
         err = np.abs(q * block[:, None] - L[None, :]) / L[None, :]
         ok = np.flatnonzero(err.max(axis=1) <= rtol * (1 + 1e-12))
         if ok.size:

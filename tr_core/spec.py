@@ -50,13 +50,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tr_core import quanta as _Q
 from tr_core.errors import SpecError
 from tr_core.fileio import atomic_write, read_json
+# the grid rule has one home (tr_core.quanta); its constants stay importable from here
+from tr_core.quanta import GRID_TOL, MAX_QUANTA  # noqa: F401
 
 SPEC_SCHEMA_VERSION = 1
 DEFAULT_DELTA_MS = 0.1  # the time quantum when none is given (specs, presets, the CLIs, sensitivity sweeps)
 PROB_TOL = 1e-9
-GRID_TOL = 1e-9
 
 __all__ = [
     "SPEC_SCHEMA_VERSION",
@@ -77,7 +79,6 @@ __all__ = [
 # Bounds that keep every derived quantity finite and representable: durations in quanta are int64 in the
 # chain (and a chain with more than 2**31 quanta per step could never be solved); a step shorter than a
 # nanosecond or committing more than 1e9 tokens would turn throughputs into overflowing numbers.
-MAX_QUANTA = 2 ** 31
 MIN_MS = 1e-6
 MAX_MS = 1e9
 MAX_TOKENS_PER_STEP = 1e9
@@ -425,63 +426,49 @@ class SystemSpec:
             return self._quanta_table(N, round_to_grid)
         if N < 1:
             raise SpecError(f"N must be >= 1, got {N}")
+        varies = self._corun_batch_dependent()
+        return self._duration_table(N, round_to_grid, self.corun_latency_ms, varies, corun=True)
+
+    def _quanta_table(self, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
+        if N < 1:
+            raise SpecError(f"N must be >= 1, got {N}")
+        return self._duration_table(N, round_to_grid, self.latency_ms, self.batch_dependent, corun=False)
+
+    def _duration_table(self, N: int, round_to_grid: bool, latency, varies: bool,
+                        corun: bool) -> tuple[np.ndarray, list[dict]]:
+        """``d[i, b]`` in quanta of ``latency(i, b)`` (:mod:`tr_core.quanta`), b = 0..N, and the roundings."""
         d = np.zeros((self.M, N + 1), dtype=np.int64)
         roundings: list[dict] = []
-        varies = self._corun_batch_dependent()
         sizes = range(1, N + 1) if varies else (1,)
+        what = "co-running latency" if corun else "latency"
         for i in range(self.M):
             for b in sizes:
-                lat = self.corun_latency_ms(i, b)
+                lat = latency(i, b)
                 q = lat / self.delta_ms
                 if q > MAX_QUANTA:
-                    raise SpecError(f"co-running latency of model {i} ({lat:g} ms) is {q:.3g} quanta of delta = "
+                    raise SpecError(f"{what} of model {i} ({lat:g} ms) is {q:.3g} quanta of delta = "
                                     f"{self.delta_ms:g} ms, more than {MAX_QUANTA:,}; use a coarser --delta-ms")
-                qi = max(1, int(round(q)))
-                if abs(q - round(q)) > GRID_TOL * max(1.0, abs(q)) or round(q) < 1:
+                qi = _Q.quanta(lat, self.delta_ms)
+                if not _Q.on_grid(lat, self.delta_ms):
                     rel = (qi * self.delta_ms - lat) / lat
                     info = {"model": i, "batch_size": b, "step_latency_ms": lat,
-                            "rounded_ms": qi * self.delta_ms, "relative_error": rel, "corun": True}
+                            "rounded_ms": qi * self.delta_ms, "relative_error": rel}
+                    if corun:
+                        info["corun"] = True
                     if not round_to_grid:
-                        where = f"corun_latency[{i}]" + (f" at batch size {b}" if varies else "")
+                        if corun:
+                            where, also = f"corun_latency[{i}]" + (f" at batch size {b}" if varies else ""), \
+                                " (co-running)"
+                        else:
+                            where = f"step_latency_ms[{i}]" if not varies else f"latency of model {i} at batch size {b}"
+                            also = ""
                         raise SpecError(
-                            f"{where} = {lat:g} ms (co-running) is not a multiple of delta = {self.delta_ms:g} ms; "
+                            f"{where} = {lat:g} ms{also} is not a multiple of delta = {self.delta_ms:g} ms; "
                             f"rounding would give {qi * self.delta_ms:.6g} ms (relative error {rel:+.3g}); "
                             f"pass --round to apply it, or use --delta-ms auto or a finer --delta-ms")
                     roundings.append(info)
                 d[i, b] = qi
             if not varies:
-                d[i, :] = d[i, 1]
-            else:
-                d[i, 0] = d[i, 1]
-        return d, roundings
-
-    def _quanta_table(self, N: int, round_to_grid: bool) -> tuple[np.ndarray, list[dict]]:
-        if N < 1:
-            raise SpecError(f"N must be >= 1, got {N}")
-        d = np.zeros((self.M, N + 1), dtype=np.int64)
-        roundings: list[dict] = []
-        sizes = range(1, N + 1) if self.batch_dependent else (1,)
-        for i in range(self.M):
-            for b in sizes:
-                lat = self.latency_ms(i, b)
-                q = lat / self.delta_ms
-                if q > MAX_QUANTA:
-                    raise SpecError(f"latency of model {i} ({lat:g} ms) is {q:.3g} quanta of delta = "
-                                    f"{self.delta_ms:g} ms, more than {MAX_QUANTA:,}; use a coarser --delta-ms")
-                qi = max(1, int(round(q)))
-                if abs(q - round(q)) > GRID_TOL * max(1.0, abs(q)) or round(q) < 1:
-                    rel = (qi * self.delta_ms - lat) / lat
-                    info = {"model": i, "batch_size": b, "step_latency_ms": lat,
-                            "rounded_ms": qi * self.delta_ms, "relative_error": rel}
-                    if not round_to_grid:
-                        where = f"step_latency_ms[{i}]" if not self.batch_dependent else f"latency of model {i} at batch size {b}"
-                        raise SpecError(
-                            f"{where} = {lat:g} ms is not a multiple of delta = {self.delta_ms:g} ms; "
-                            f"rounding would give {qi * self.delta_ms:.6g} ms (relative error {rel:+.3g}); "
-                            f"pass --round to apply it, or use --delta-ms auto or a finer --delta-ms")
-                    roundings.append(info)
-                d[i, b] = qi
-            if not self.batch_dependent:
                 d[i, :] = d[i, 1]
             else:
                 d[i, 0] = d[i, 1]

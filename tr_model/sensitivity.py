@@ -42,9 +42,9 @@ __all__ = ["compare_systems", "bstar_grid", "perturbed_preset", "profiling_sensi
 
 
 def grid_latency(value_ms: float, delta_ms: float) -> float:
-    """``value_ms`` rounded to the nearest positive multiple of ``delta_ms``."""
-    q = max(1, int(round(value_ms / delta_ms)))
-    return round(q * delta_ms, 12)
+    """``value_ms`` rounded to the nearest positive multiple of ``delta_ms`` (:func:`tr_core.quanta.round_to_grid`)."""
+    from tr_core.quanta import round_to_grid
+    return round_to_grid(value_ms, delta_ms)
 
 
 def compare_systems(systems: Mapping[str, SystemSpec], Ns: Sequence[int], **optimize_kw) -> pd.DataFrame:

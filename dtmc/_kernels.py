@@ -30,6 +30,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+# int64 zero and one: a literal 0 or 1 passed to a jitted helper (or a counter started at one) would make numba
+# compile a second specialization of the helper for the literal's own type (first-run compile time, issue 25)
+I0 = np.int64(0)
+I1 = np.int64(1)
+
 EMPTY = -1
 
 # status codes returned by the BFS kernel
@@ -311,8 +316,8 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
         return BAD_POLICY, 0, keys, row_ptr, cols, vals, tau, g, -1 - got
     key0 = _encode(k, b, r, M, bn, br)
     keys[0] = key0
-    _table_find_or_insert(tkeys, tvals, key0, 0)
-    n = 1
+    _table_find_or_insert(tkeys, tvals, key0, I0)
+    n = I1
     nnz = 0
     row_ptr[0] = 0
 
@@ -328,7 +333,7 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
                 t = r[i]
         if t == (np.int64(1) << 62):
             return DEADLOCK, head, keys, row_ptr, cols, vals, tau, g, -1
-        na = 0
+        na = I0
         gs = 0.0
         for i in range(M):
             if r[i] > 0 and r[i] == t:
@@ -810,7 +815,7 @@ def gth_solve(indptr, indices, data, lo, stop_on_underflow=False):
             fill[lo[i]] += 1
     act = np.empty(n, dtype=np.int64)
     where = np.full(n, -1, dtype=np.int64)
-    na = 0
+    na = I0
     s = np.zeros(n, dtype=np.float64)
     sn = np.zeros(n, dtype=np.int64)     # successors summed into s[k] (its rounding)
     pred_i = np.empty(n, dtype=np.int64)
@@ -875,7 +880,7 @@ def gth_solve(indptr, indices, data, lo, stop_on_underflow=False):
     # relative error is lost, still have a known absolute error)
     err = np.zeros(n, dtype=np.float64)
     tiny = 2.0 ** -1074
-    na = 0
+    na = I0
     for i in range(n):
         where[i] = -1
     x[n - 1] = 1.0
@@ -1064,7 +1069,7 @@ def gth_solve_scaled(indptr, indices, data, lo):
             fill[lo[i]] += 1
     act = np.empty(n, dtype=np.int64)
     where = np.full(n, -1, dtype=np.int64)
-    na = 0
+    na = I0
     sm = np.zeros(n, dtype=np.float64)
     se = np.zeros(n, dtype=np.int64)
     sn = np.zeros(n, dtype=np.int64)
@@ -1132,7 +1137,7 @@ def gth_solve_scaled(indptr, indices, data, lo):
     xm = np.zeros(n, dtype=np.float64)
     xe = np.zeros(n, dtype=np.int64)
     rel = np.zeros(n, dtype=np.float64)
-    na = 0
+    na = I0
     for i in range(n):
         where[i] = -1
     xm[n - 1] = 1.0
@@ -1281,7 +1286,7 @@ def _kruskal_pass(ea, eb, ew, uf, usz, ta, tb, tw, ne):
             usz[rj] += usz[ri]
             ta[ne] = i
             tb[ne] = j
-            tw[ne] = ew[t] * (1.0 - _gamma(1))
+            tw[ne] = ew[t] * (1.0 - _gamma(I1))
             ne += 1
     return ne
 
@@ -1306,7 +1311,7 @@ def _max_flow_tree(indptr, indices, data, x, ea, eb, ew):
     ta = np.empty(n, dtype=np.int64)
     tb = np.empty(n, dtype=np.int64)
     tw = np.empty(n, dtype=np.float64)
-    ne = _kruskal_pass(ea, eb, ew, uf, usz, ta, tb, tw, 0)
+    ne = _kruskal_pass(ea, eb, ew, uf, usz, ta, tb, tw, I0)
     if ne < n - 1:
         nnz = indptr[n]
         fa = np.empty(nnz, dtype=np.int64)
@@ -1392,7 +1397,7 @@ def tree_bound(indptr, indices, data, tindptr, tindices, tdata, x):
     ea = np.empty(2 * n, dtype=np.int64)
     eb = np.empty(2 * n, dtype=np.int64)
     ew = np.empty(2 * n, dtype=np.float64)
-    ne = 0
+    ne = I0
     for j in range(n):
         # in- and outflow in double-double (error-free products and sums), so that the rounding left
         # in f_j is ~u^2 of the flows: subtree sums of f must resolve weak links carrying 1e-20 of the flow

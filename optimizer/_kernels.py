@@ -27,6 +27,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# int64 zero and one: a literal 0 or 1 passed to a jitted helper would compile a second specialization of it
+# (first-run compile time, issue 25)
+I0 = np.int64(0)
+I1 = np.int64(1)
+
 EMPTY = -1
 NO_LAUNCH = 1 << 30      # lmin of a model that never launched (above any queue; fits the int32 bounds)
 OK = 0
@@ -281,7 +286,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
     init = np.empty(1 << M, dtype=np.int64)
     k[0] = N
     key0 = _pack(k, b, r, M, bn, br)
-    n = 0
+    n = I0
     cnt = _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
     if cnt == 0:
         return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
@@ -293,7 +298,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
             keys[n] = optbuf[q]
             n += 1
     nu = 0
-    ne = 0
+    ne = I0
     head = 0
     while head < n:
         _unpack(keys[head], k, b, r, M, bn, br)
@@ -303,7 +308,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
                 t = r[i]
         if t == (np.int64(1) << 62):
             return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-        na = 0
+        na = I0
         gs = 0.0
         for i in range(M):
             if r[i] > 0 and r[i] == t:
@@ -802,12 +807,12 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
         cfg[0, 3 * M + i] = -1
         cfg[0, 4 * M + i] = NO_LAUNCH
     out = nxt
-    nst = _stage_launch(cfg, 1, out, lo, hi, caps, dur, corun, M, ch, nch, first)
+    nst = _stage_launch(cfg, I1, out, lo, hi, caps, dur, corun, M, ch, nch, first)
     init_idx = np.empty(nst, dtype=np.int64)
     init_w = np.empty(nst * M, dtype=np.int64)
     init_l = np.empty(nst * M, dtype=np.int64)
     ninit = 0
-    n = 0
+    n = I0
     for c in range(nst):
         running = False
         for i in range(M):
@@ -831,7 +836,7 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
         return (DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx,
                 init_w, init_l)
     nu = 0
-    ne = 0
+    ne = I0
     head = 0
     st = OK
     while head < n:
@@ -840,7 +845,7 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
         for i in range(M):
             if r[i] > 0 and r[i] < t:
                 t = r[i]
-        na = 0
+        na = I0
         gs = 0.0
         for i in range(M):
             if r[i] > 0 and r[i] == t:
@@ -981,7 +986,7 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
         return (DEADLOCK, 0, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2,
                 init_idx2, init_w2, init_l2)
     nu = 0
-    ne = 0
+    ne = I0
     head = 0
     while head < n2:
         s = order[head]

@@ -176,9 +176,11 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
             search == "auto" and resolve_auto(spec.M, F.count_feasible(max(order), spec.M),
                                               time_budget_s=time_budget_s) != "exhaustive")
         policy_bound_n = min(max(order), 12) if needs else 0
-    if policy_bound_n and policy_bound_n > 0:
-        from optimizer.bounds import PolicyBounds
-        policies = PolicyBounds(spec, round_to_grid=kw.get("round_to_grid", False)).compute([policy_bound_n])
+    # a local pool's workers solve the all-policy bound themselves (the same table in each: the result does
+    # not depend on who solved it), so that its kernels compile beside the chain's, not before the pool
+    local_pool = executor is None and workers > 1 and len(order) > 1
+    if policy_bound_n and policy_bound_n > 0 and not local_pool:
+        policies = _policy_table(spec, policy_bound_n, kw.get("round_to_grid", False))
     common = dict(search=search, max_gap=max_gap, time_budget_s=time_budget_s, max_evaluations=max_evaluations,
                   policies=policies, **kw)
     if (executor is not None or workers > 1) and len(order) > 1:
@@ -187,8 +189,9 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         from tr_core.parallel import map_tasks
 
         w = len(order) if executor is not None else min(int(workers), len(order))
+        lazy = policy_bound_n if local_pool and policy_bound_n and policy_bound_n > 0 else 0
         with _Relay(on_result if executor is None else None) as relay:
-            parts = [(spec, order[i::w], common, relay.queue is not None) for i in range(w)]
+            parts = [(spec, order[i::w], common, relay.queue is not None, i, lazy) for i in range(w)]
             for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress,
                                  initializer=_set_relay, initargs=(relay.queue,)):
                 for o in res:
@@ -207,15 +210,47 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     return [out[N] for N in Ns]
 
 
+def _policy_table(spec: SystemSpec, n: int, round_to_grid: bool):
+    from optimizer.bounds import PolicyBounds
+    return PolicyBounds(spec, round_to_grid=round_to_grid).compute([n])
+
+
+def _uses_policies(spec: SystemSpec, N: int, common: dict) -> bool:
+    """Whether the search at N reads the all-policy table (every search but an exhaustive one)."""
+    search = common["search"]
+    if search == "auto":
+        search = resolve_auto(spec.M, F.count_feasible(N, spec.M), time_budget_s=common.get("time_budget_s"))
+    return search != "exhaustive"
+
+
 def _sweep_chain(payload) -> list[Optimum]:
     """Worker task of :func:`optimize_sweep`: the given N in increasing order, each started near the
-    previous one's B* scaled to it (which only orders the work)."""
-    spec, Ns, common, relayed = payload
+    previous one's B* scaled to it (which only orders the work).
+
+    ``policy_n`` > 0: this worker solves the all-policy table at that concurrency itself, before the first
+    N that reads it.  On a first run every kernel compiles, in each worker that calls it first, so the
+    workers share that out (issue 25: the first run of the default sweep): worker 0 starts with the chain's
+    kernels (its first N), worker 1 with the all-policy table's and the box bound's
+    (:func:`optimizer.bounds.warm_box_kernels`), and each then loads the other's from numba's cache.
+    """
+    spec, Ns, common, relayed, role, policy_n = payload
     queue = _WORKER_RELAY if relayed else None
+    rtg = common.get("round_to_grid", False)
+    if policy_n and role == 1:
+        common = dict(common, policies=_policy_table(spec, policy_n, rtg))
+        from optimizer.bounds import warm_box_kernels
+        from optimizer.mean_field import mean_field_thresholds
+        warm_box_kernels(spec, rtg)
+        try:
+            mean_field_thresholds(spec, 4, round_to_grid=rtg)  # the bounded searches' guide: its kernel too
+        except SpecError:
+            pass  # a system the guide cannot model: the searches start elsewhere, nothing to compile
     res: list[Optimum] = []
     prev = None
     last = None
     for N in Ns:
+        if policy_n and common.get("policies") is None and _uses_policies(spec, N, common):
+            common = dict(common, policies=_policy_table(spec, policy_n, rtg))
         start = None if prev is None else tuple(max(1, round(b * N / last)) for b in prev)
         o = optimize_thresholds(spec, N, start=start, workers=1, **common)
         prev, last = o.best_B, N

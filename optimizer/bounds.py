@@ -407,29 +407,6 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
                      sweeps, _time.perf_counter() - t0, "ok", proc)
 
 
-def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) -> bool:
-    """Compile (or load from numba's cache) the kernels of the coarse-clock box bound on a tiny box, so that
-    a sweep's worker can do it while another compiles the chain's (:func:`optimizer.search.optimize_sweep`).
-
-    Only a matter of time: the result is thrown away.  False when this system's steps are too short for a
-    coarse clock (its searches never use one) or the tiny box cannot be built.
-    """
-    from optimizer.branch import auto_coarse
-
-    d = _quanta(spec, N, round_to_grid)
-    dco = _corun_quanta(spec, N, round_to_grid)
-    c = auto_coarse(d if dco is None else np.concatenate([d, dco]), 0.04)
-    if c <= 1:
-        return False
-    lo, hi = (1,) * spec.M, (N,) * spec.M
-    r = box_bound(spec, N, lo, hi, round_to_grid=round_to_grid, coarse=c, keep=True, max_states=200_000)
-    if r.process is None:
-        return False
-    box_bound(spec, N, lo, (N // 2,) * spec.M, round_to_grid=round_to_grid, coarse=c, parent=r.process,
-              max_states=200_000)
-    return True
-
-
 def coarse_durations(d: np.ndarray, coarse: int) -> tuple[np.ndarray, np.ndarray]:
     """Slots a step of ``d`` quanta can span on a clock of ``coarse``-quanta slots: floor and ceil of d / c.
 

@@ -141,6 +141,29 @@ def coarse_levels(d, dco=None) -> tuple[int, ...]:
     return tuple(sorted({first, tight} - {1}, reverse=True))
 
 
+def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) -> bool:
+    """Compile (or load from numba's cache) the kernels of the coarse-clock box bound on a tiny box, so that
+    a sweep's worker can do it while another compiles the chain's (:func:`optimizer.search.optimize_sweep`).
+
+    Only a matter of time: the result is thrown away.  False when this system's steps are too short for a
+    coarse clock (its searches never use one) or the tiny box cannot be built.
+    """
+    from optimizer.bounds import _corun_quanta, _quanta, box_bound
+
+    d = _quanta(spec, N, round_to_grid)
+    dco = _corun_quanta(spec, N, round_to_grid)
+    c = auto_coarse(d if dco is None else np.concatenate([d, dco]), 0.04)
+    if c <= 1:
+        return False
+    lo, hi = (1,) * spec.M, (N,) * spec.M
+    r = box_bound(spec, N, lo, hi, round_to_grid=round_to_grid, coarse=c, keep=True, max_states=200_000)
+    if r.process is None:
+        return False
+    box_bound(spec, N, lo, (N // 2,) * spec.M, round_to_grid=round_to_grid, coarse=c, parent=r.process,
+              max_states=200_000)
+    return True
+
+
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0) -> None:

@@ -231,14 +231,14 @@ def _sweep_chain(payload) -> list[Optimum]:
     N that reads it.  On a first run every kernel compiles, in each worker that calls it first, so the
     workers share that out (issue 25: the first run of the default sweep): worker 0 starts with the chain's
     kernels (its first N), worker 1 with the all-policy table's and the box bound's
-    (:func:`optimizer.bounds.warm_box_kernels`), and each then loads the other's from numba's cache.
+    (:func:`optimizer.branch.warm_box_kernels`), and each then loads the other's from numba's cache.
     """
     spec, Ns, common, relayed, role, policy_n = payload
     queue = _WORKER_RELAY if relayed else None
     rtg = common.get("round_to_grid", False)
     if policy_n and role == 1:
         common = dict(common, policies=_policy_table(spec, policy_n, rtg))
-        from optimizer.bounds import warm_box_kernels
+        from optimizer.branch import warm_box_kernels
         from optimizer.mean_field import mean_field_thresholds
         warm_box_kernels(spec, rtg)
         try:

@@ -38,7 +38,7 @@ def test_a_worker_solves_the_policy_table_only_where_a_search_reads_it(monkeypat
 
 
 def test_worker_1_compiles_the_bounds_kernels_first(monkeypatch):
-    import optimizer.bounds as Bd
+    import optimizer.branch as Bd
     import optimizer.search as S
 
     order = []

@@ -230,3 +230,23 @@ def test_window_from_the_fitted_start_reaches_the_corun_optimum():
     assert vb < opt.throughput_tok_s * (1 - 0.01)
     with pytest.raises(ValueError):
         fit_class(proc, "ratio", tab, met)
+
+
+def test_optimal_decision_is_monotone_where_the_policy_goes_but_not_everywhere():
+    """R2R N = 8: in the configurations the optimal policy meets, every model's launch decision is monotone in its
+    own queue for each state of the other; over all configurations of the process it is not, and the
+    violations are strict (margins beyond the value iteration's tolerance), not ties of the greedy choice."""
+    from optimizer.policy import _packed, decision_margins, reached_configs, table_of
+    spec, N = _r2r(), 8
+    proc = build_process(spec, N)
+    h, _lo, _hi, _sw = value_iteration(proc, rtol=1e-10)
+    choice, init = greedy(proc, h)
+    tab = table_of(proc, choice, init)
+    met = np.isin(_packed(proc, tab), reached_configs(proc, choice, init))
+    marg = decision_margins(proc, h)
+    tol = 1e-9 * (np.abs(h).max() + 1)
+    on_met = monotonicity(tab, only=met, margins=marg, tol=tol)
+    assert all(m["violations"] == 0 for m in on_met.values())
+    assert sum(m["groups"] for m in on_met.values()) >= 5
+    everywhere = monotonicity(tab, margins=marg, tol=tol)
+    assert sum(m["violations"] for m in everywhere.values()) > 0

@@ -16,6 +16,51 @@ os.environ["TR_MODEL_CACHE_DIR"] = os.path.join(_SESSION_DIR, "evaluations")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_DIR, "xdg-cache")
 
 
+def _compile_each_kernel_once():
+    """One compilation of each cached numba kernel for the whole run, however many processes run it.
+
+    The xdist workers start on different tests that call the same kernels, and with a cold cache each would
+    compile them itself (the same tens of seconds of CPU, two or three times over).  Here a worker takes a
+    file lock per kernel (in the numba cache folder, which every worker shares) around numba's compile step:
+    the first worker compiles and writes the cache, the others wait and then load it.  The lock is taken
+    only for a signature not yet compiled in this process, inside numba's own compiler lock (so threads of one
+    process never wait on each other's file lock); kernels call kernels in one direction only, so two workers
+    never wait on each other.  Spawned processes (the CLIs, notebook kernels) load whatever is cached."""
+    try:
+        import fcntl
+        from numba.core import dispatcher, sigutils
+        from numba.core.caching import NullCache
+        from numba.core.compiler_lock import global_compiler_lock
+    except Exception:  # no numba or no fcntl: each process compiles for itself, as without this
+        return
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"tr-model-numba-{os.getuid()}")
+    folder = os.path.join(base, "compile-locks")
+    original = dispatcher.Dispatcher.compile
+
+    def compile(self, sig):
+        if isinstance(self._cache, NullCache):
+            return original(self, sig)
+        with global_compiler_lock:
+            try:
+                if self.overloads.get(tuple(sigutils.normalize_signature(sig)[0])) is not None:
+                    return original(self, sig)
+            except Exception:
+                pass
+            name = f"{self.py_func.__module__}.{self.py_func.__qualname__}".replace(os.sep, "_")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, name + ".lock"), "a") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                try:
+                    return original(self, sig)
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+
+    dispatcher.Dispatcher.compile = compile
+
+
+_compile_each_kernel_once()
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
@@ -54,6 +99,41 @@ def run_tool():
     def run(name, *args, input=None, cwd=None, timeout=300):
         return subprocess.run(tool(name) + [str(a) for a in args], capture_output=True, text=True,
                               input=input, cwd=cwd, timeout=timeout)
+    return run
+
+
+def _console_scripts() -> dict:
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["scripts"]
+
+
+@pytest.fixture
+def run_inproc():
+    """``run_inproc("tr-optimize", *args)``: the console script's ``main(argv)`` called in this process, with the
+    exit code (``SystemExit`` included) and what it printed, returned as ``run_tool`` returns them.  The same
+    code path without a process start (about a second of imports each); a CLI behaviour that needs a real
+    process (the exit status the shell sees, signals, a fresh interpreter) keeps a ``run_tool`` test."""
+    import contextlib
+    import importlib
+    import io
+    import subprocess
+
+    def run(name, *args):
+        module, func = _console_scripts()[name].split(":")
+        main = getattr(importlib.import_module(module), func)
+        argv = [str(a) for a in args]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code
+            if isinstance(code, str):  # as the interpreter does with sys.exit("message")
+                print(code, file=sys.stderr)
+                code = 1
+        return subprocess.CompletedProcess([name, *argv], 0 if code is None else code, out.getvalue(),
+                                           err.getvalue())
     return run
 
 

@@ -1,4 +1,5 @@
-"""tr-optimize end to end through a subprocess, including every bad input."""
+"""tr-optimize end to end: the main outputs and one refusal per exit code through a subprocess (the console
+script as a user runs it), the other bad inputs in-process through the same ``main(argv)`` (``run_inproc``)."""
 
 import json
 import os
@@ -63,25 +64,25 @@ def test_evaluate_vector_csv(run_tool):
     assert rec["states"] == "14" and rec["transitions"] == "28"
 
 
-def test_spec_file_and_presets(run_tool, tmp_path):
+def test_spec_file_and_presets(run_inproc, tmp_path):
     spec = {"schema_version": 1, "step_latency_ms": [2.0, 3.0, 4.0],
             "routing_matrix": [[0.5, 0.25, 0.25]] * 3, "committed_tokens": [[1, 1, 1]] * 3}
     f = tmp_path / "s.json"
     f.write_text(json.dumps(spec))
-    r = run_tool("tr-optimize", "--spec", f, "--N", "2", "--format", "json")
+    r = run_inproc("tr-optimize", "--spec", f, "--N", "2", "--format", "json")
     assert r.returncode == 0, r.stderr
     a = json.loads(r.stdout)["results"][0]
-    r2 = run_tool("tr-optimize", "--weights", "0.5", "0.25", "0.25", "--L", "2", "3", "4", "--N", "2",
+    r2 = run_inproc("tr-optimize", "--weights", "0.5", "0.25", "0.25", "--L", "2", "3", "4", "--N", "2",
                   "--format", "json")
     assert json.loads(r2.stdout)["results"][0]["throughput_tok_s"] == pytest.approx(a["throughput_tok_s"])
     for algo, extra in (("citer", ["--p", "0.2"]), ("co-llm", ["--p", "0.2"]),
                         ("r-stitch", ["--p", "0.2", "--q", "0.4"])):
-        r = run_tool("tr-optimize", "--algo", algo, *extra, "--L", "6", "28", "--N", "2")
+        r = run_inproc("tr-optimize", "--algo", algo, *extra, "--L", "6", "28", "--N", "2")
         assert r.returncode == 0, r.stderr
 
 
-def _bad(run_tool, *args, code=2, match=None):
-    r = run_tool("tr-optimize", *args)
+def _bad(run, *args, code=2, match=None):
+    r = run("tr-optimize", *args)
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
@@ -101,60 +102,60 @@ BASE = {"schema_version": 1, "step_latency_ms": [6.0, 27.9], "routing_matrix": [
         "committed_tokens": [[1, 0], [1, 0]]}
 
 
-def test_bad_probability(run_tool):
-    _bad(run_tool, "--p", "1.2", "--L", "6", "27.9", match="--p")
-    _bad(run_tool, "--p", "-0.1", "--L", "6", "27.9", match="--p")
+def test_bad_probability(run_tool, run_inproc):
+    _bad(run_tool, "--p", "1.2", "--L", "6", "27.9", match="--p")  # exit 2 as the shell sees it
+    _bad(run_inproc, "--p", "-0.1", "--L", "6", "27.9", match="--p")
 
 
-def test_bad_rows(run_tool, tmp_path):
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[0.6, 0.35], [1, 0]])),
+def test_bad_rows(run_inproc, tmp_path):
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[0.6, 0.35], [1, 0]])),
          match="row 0 sums")
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[1.2, -0.2], [1, 0]])),
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[1.2, -0.2], [1, 0]])),
          match="routing_matrix[0][0]")
 
 
-def test_bad_committed_tokens(run_tool, tmp_path):
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, committed_tokens=[[1, -1], [1, 0]])),
+def test_bad_committed_tokens(run_inproc, tmp_path):
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, committed_tokens=[[1, -1], [1, 0]])),
          match="committed_tokens[0][1]")
 
 
-def test_bad_latency(run_tool):
-    _bad(run_tool, "--p", "0.3", "--L", "0", "27.9", match="--L")
-    _bad(run_tool, "--p", "0.3", "--L", "-6", "27.9", match="--L")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "1", match="--L needs 2")
+def test_bad_latency(run_inproc):
+    _bad(run_inproc, "--p", "0.3", "--L", "0", "27.9", match="--L")
+    _bad(run_inproc, "--p", "0.3", "--L", "-6", "27.9", match="--L")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "1", match="--L needs 2")
 
 
-def test_off_grid_latency_and_round(run_tool):
-    msg = _bad(run_tool, "--p", "0.3", "--L", "6.137", "27.9", match="not a multiple of delta")
+def test_off_grid_latency_and_round(run_inproc):
+    msg = _bad(run_inproc, "--p", "0.3", "--L", "6.137", "27.9", match="not a multiple of delta")
     assert "6.1 ms" in msg and "--round" in msg
-    r = run_tool("tr-optimize", "--p", "0.3", "--L", "6.137", "27.9", "--round", "--N", "2")
+    r = run_inproc("tr-optimize", "--p", "0.3", "--L", "6.137", "27.9", "--round", "--N", "2")
     assert r.returncode == 0
     assert "rounded to 6.1 ms" in r.stderr and "relative error" in r.stderr
 
 
-def test_bad_n_and_b(run_tool):
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--N", "0", match="--N")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--N", "x", match="--N")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "2", "3", match="infeasible")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "1", match="M = 2")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "0", "1", match=">= 1")
+def test_bad_n_and_b(run_inproc):
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--N", "0", match="--N")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--N", "x", match="--N")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "2", "3", match="infeasible")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "1", match="M = 2")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--N", "3", "--B", "0", "1", match=">= 1")
 
 
-def test_bad_spec_files(run_tool, tmp_path):
-    _bad(run_tool, "--spec", tmp_path / "missing.json", match="does not exist")
-    _bad(run_tool, "--spec", _write(tmp_path, "{not json"), match="not valid JSON")
-    _bad(run_tool, "--spec", _write(tmp_path, {"step_latency_ms": [1, 2]}), match="missing field")
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, schema_version=9)), match="schema_version")
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, step_latency_ms=[6.0])), match="at least 2 models")
-    _bad(run_tool, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[1.0]])), match="rows")
+def test_bad_spec_files(run_inproc, tmp_path):
+    _bad(run_inproc, "--spec", tmp_path / "missing.json", match="does not exist")
+    _bad(run_inproc, "--spec", _write(tmp_path, "{not json"), match="not valid JSON")
+    _bad(run_inproc, "--spec", _write(tmp_path, {"step_latency_ms": [1, 2]}), match="missing field")
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, schema_version=9)), match="schema_version")
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, step_latency_ms=[6.0])), match="at least 2 models")
+    _bad(run_inproc, "--spec", _write(tmp_path, dict(BASE, routing_matrix=[[1.0]])), match="rows")
     d = tmp_path / "dir.json"
     d.mkdir()
-    _bad(run_tool, "--spec", d, match="is a folder, not a file")
+    _bad(run_inproc, "--spec", d, match="is a folder, not a file")
 
 
-def test_no_system_and_unknown_flag(run_tool):
-    _bad(run_tool, "--L", "6", "27.9", match="define the system")
-    _bad(run_tool, "--p", "0.3", "--L", "6", "27.9", "--bogus", match="unrecognized")
+def test_no_system_and_unknown_flag(run_inproc):
+    _bad(run_inproc, "--L", "6", "27.9", match="define the system")
+    _bad(run_inproc, "--p", "0.3", "--L", "6", "27.9", "--bogus", match="unrecognized")
 
 
 def test_state_space_too_large_exit_3(run_tool):
@@ -163,16 +164,16 @@ def test_state_space_too_large_exit_3(run_tool):
     assert "max_states = 50" in msg and "--max-states" in msg
 
 
-def test_unwritable_out_leaves_nothing(run_tool, tmp_path):
-    _bad(run_tool, "--p", "0.35", "--L", "6", "27.9", "--N", "2", "--out", tmp_path / "nope" / "x.json",
+def test_unwritable_out_leaves_nothing(run_inproc, tmp_path):
+    _bad(run_inproc, "--p", "0.35", "--L", "6", "27.9", "--N", "2", "--out", tmp_path / "nope" / "x.json",
          match="does not exist")
     assert os.listdir(tmp_path) == []
 
 
-def test_plot_flag(run_tool, tmp_path):
+def test_plot_flag(run_tool, run_inproc, tmp_path):
     png = tmp_path / "b.png"
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "4", "--plot", png, "--no-cache")
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    _bad(run_tool, "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--plot", tmp_path / "b.gif", match="extension")
+    _bad(run_inproc, "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--plot", tmp_path / "b.gif", match="extension")
     assert not (tmp_path / "b.gif").exists()

@@ -1,4 +1,5 @@
-"""``tr-shadow simulate`` / ``tr-shadow compare`` end to end (subprocess), and their bad-input handling."""
+"""``tr-shadow simulate`` / ``tr-shadow compare`` end to end (subprocess), and their bad-input handling (one refusal
+through a subprocess, the others in-process through the same ``main(argv)``)."""
 
 from __future__ import annotations
 
@@ -95,25 +96,29 @@ def test_compare_models_per_router_sweep():
     (["compare", *BASE, "--sweep", "models-per-router", "1.5"], "models-per-router"),
     (["compare", *BASE, "--workers", "0"], "--workers"),
 ])
-def test_bad_input_one_error_line(args, msg):
-    r = tr_shadow(*args)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
+def test_bad_input_one_error_line(capsys, args, msg):
+    # in-process (the same main as the console script; test_bad_flag_value_is_argparse_error is the subprocess)
+    rc, out, err = _main(capsys, *args)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], err
 
 
-def test_models_per_router_sweep_needs_synthetic(tmp_path):
+def test_models_per_router_sweep_needs_synthetic(capsys, tmp_path):
     from shadow_prefill import SyntheticParams, generate_synthetic_sessions, write_session_trace
     ss = generate_synthetic_sessions(SyntheticParams(n_sessions=5, models=("qwen2.5-7b", "llama-3.1-70b")))
     path = tmp_path / "s.jsonl"
     write_session_trace(ss, path)
-    r = tr_shadow("compare", "--trace", path, "--capacity-rps", "5", "--sweep", "models-per-router", "2", "3")
-    assert r.returncode == 2 and r.stderr.startswith("error:") and "needs --synthetic" in r.stderr
+    rc, out, err = _main(capsys, "compare", "--trace", path, "--capacity-rps", "5", "--sweep", "models-per-router",
+                         "2", "3")
+    assert rc == 2 and err.startswith("error:") and "needs --synthetic" in err
 
 
 def test_bad_flag_value_is_argparse_error():
-    r = tr_shadow("simulate", *BASE, "--load", "-1")
+    r = tr_shadow("simulate", *BASE, "--load", "-1")  # a real process: exit 2 and one line as the shell sees them
     assert r.returncode == 2 and "must be >= 0" in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
 
 
 def test_azure_traffic_when_present():

@@ -10,6 +10,9 @@ Sections (each printed as a markdown table; what is fitted and what is predicted
             the N = 4 gain on the 0.1 ms grid (exact chain, bisection over Lco_0 = 6.0 F0 in 0.1 ms steps);
             N = 8 and N = 16 are then predictions.  Next to it, the simulator's rate-sharing law
             (``simulate(..., corun_slowdown=...)``) at the same factor: the two readings of co-running.
+``scan``    the N = 4 and N = 8 gains as the small model's co-running step moves one 0.1 ms quantum at a
+            time (large model x1): the two move in opposite directions, and the exact law resonates at
+            some steps (phase locking of deterministic durations).
 ``h200``    L_i(b) of the H200 CUDA-graph decode profiles with the co-running probe's factors by batch
             size (small model x2.8 at b = 1 to x3.6 at b = 16, linear in b; large model x1.02 / x1.05 /
             x1.08), nothing fitted; exact chain on the coarsest grid within 1 %.
@@ -123,6 +126,51 @@ def fit(a) -> str:
                       f"x{g[N]['gain']:.3f} | {e.throughput_tok_s:.2f} +- {e.throughput_ci95_tok_s:.2f} / "
                       f"{d.throughput_tok_s:.2f} +- {d.throughput_ci95_tok_s:.2f} / "
                       f"x{d.throughput_tok_s / e.throughput_tok_s:.3f} |")
+    print("\n".join(md), flush=True)
+    return "\n".join(md)
+
+
+def scan(a) -> str:
+    """The N = 4 and N = 8 gains (paper's B) as the small model's co-running step moves one 0.1 ms quantum at
+    a time (large model x1.00): the gains change by steps where the number of whole co-running small-model
+    steps inside one large-model step changes, and no F0 gives both of the paper's gains."""
+    t0 = time.perf_counter()
+    target4, target8 = PAPER[4][1] / PAPER[4][0], PAPER[8][1] / PAPER[8][0]
+    rows = []
+    for q in range(a.scan_lo, a.scan_hi + 1):
+        spec = CONST.with_corun([{"slowdown": q / 60.0}, {"slowdown": 1.0}])
+        rows.append((q, gain_row(spec, 4, rtg=True, own=False)["gain"], gain_row(spec, 8, rtg=True, own=False)["gain"]))
+    # irregular: a gain more than 1 point away from the mean of its two neighbours
+    odd = set()
+    for i in range(1, len(rows) - 1):
+        for c in (1, 2):
+            if abs(rows[i][c] - 0.5 * (rows[i - 1][c] + rows[i + 1][c])) > 0.01:
+                odd.add(rows[i][0])
+    md = [f"**The N = 4 and N = 8 gains as the small model's co-running step moves** (`corun_table6.py scan`, "
+          f"{time.perf_counter() - t0:.0f} s; large model x1.00, constant L = (6.0, 27.9) ms, exact chain on the "
+          f"0.1 ms grid, paper's B; Lco_0 = {a.scan_lo / 10:.1f}-{a.scan_hi / 10:.1f} ms one quantum at a time; "
+          "every 5th step and every irregular one shown; *irregular*: a gain more than 1 point away from the mean "
+          "of its two neighbours).", "",
+          "| Lco_0 ms | F0 | whole co-running small steps in one large step | N = 4 gain | N = 8 gain | "
+          "N = 8 vs paper | irregular |", "|---|---|---|---|---|---|---|"]
+    for q, g4, g8 in rows:
+        if q % 5 == 0 or q in odd or q == 129:
+            md.append(f"| {q / 10:.1f} | x{q / 60:.3f} | {279 // q} | x{g4:.3f} | x{g8:.3f} | "
+                      f"{100 * (g8 - target8):+.1f} points | {'yes' if q in odd else ''} |")
+    # regimes: how many whole co-running small-model steps fit in one large-model step (279 quanta)
+    md += ["", "By regime (the number of whole co-running small-model steps inside one large-model step, "
+               "floor(27.9 / Lco_0)):", "",
+           "| steps inside | Lco_0 ms | N = 4 gain | N = 8 gain | paper's N = 4 x%.3f reachable | N = 8 there |"
+           % target4, "|---|---|---|---|---|---|"]
+    for k in sorted({279 // q for q, _, _ in rows}, reverse=True):
+        part = [r for r in rows if 279 // r[0] == k]
+        g4s, g8s = [r[1] for r in part], [r[2] for r in part]
+        there = "-"
+        if min(g4s) <= target4 <= max(g4s):
+            near = min(part, key=lambda r: abs(r[1] - target4))
+            there = f"x{near[2]:.3f} at {near[0] / 10:.1f} ms ({100 * (near[2] - target8):+.1f} points)"
+        md.append(f"| {k} | {part[0][0] / 10:.1f}-{part[-1][0] / 10:.1f} | x{min(g4s):.3f}-x{max(g4s):.3f} | "
+                  f"x{min(g8s):.3f}-x{max(g8s):.3f} | {'no' if there == '-' else 'yes'} | {there} |")
     print("\n".join(md), flush=True)
     return "\n".join(md)
 
@@ -305,11 +353,13 @@ def pruned_sweeps(a, F0) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="+", choices=("fit", "h200", "bstar", "speed", "sweeps"))
+    ap.add_argument("what", nargs="+", choices=("fit", "scan", "h200", "bstar", "speed", "sweeps"))
     ap.add_argument("--profiles", default=DEFAULT_PROFILES)
     ap.add_argument("--steps", type=int, default=300_000, help="simulated request-steps (rate-sharing comparison)")
     ap.add_argument("--f0", type=float, default=None, help="small-model factor for bstar/speed (default: fit it)")
     ap.add_argument("--nmax", type=int, default=64)
+    ap.add_argument("--scan-lo", type=int, default=90, help="scan: smallest Lco_0 in 0.1 ms quanta")
+    ap.add_argument("--scan-hi", type=int, default=180, help="scan: largest Lco_0 in 0.1 ms quanta")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--before", action="store_true",
@@ -320,6 +370,8 @@ def main(argv=None):
     for w in a.what:
         if w == "fit":
             out.append(fit(a))
+        elif w == "scan":
+            out.append(scan(a))
         elif w == "h200":
             out.append(h200(a))
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -273,7 +274,7 @@ def _cli(*args):
                           timeout=300)
 
 
-def test_cli_run_show_and_bad_input(tmp_path):
+def test_cli_run_show_and_bad_input(tmp_path, run_inproc):
     spec_file = tmp_path / "spec.json"
     save_spec(SPEC, spec_file)
     out = tmp_path / "th.json"
@@ -291,22 +292,25 @@ def test_cli_run_show_and_bad_input(tmp_path):
         return r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
     assert one_error(_cli("show", str(out), "--require-N", "8"))      # a table shorter than asked
+    # the other refusals in-process: the same main(argv), without a process start each
+    tr_autotune = functools.partial(run_inproc, "tr-autotune")
     doc = json.loads(out.read_text())
     doc["schema_version"] = 7
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    r = _cli("show", str(bad))
+    r = tr_autotune("show", str(bad))
     assert one_error(r) and "schema_version" in r.stderr
     doc["schema_version"] = 1
     doc["entries"][2]["thresholds"] = [0, 1]
     bad.write_text(json.dumps(doc))
-    r = _cli("show", str(bad))
+    r = tr_autotune("show", str(bad))
     assert one_error(r) and "entries[2].thresholds[0]" in r.stderr
-    assert one_error(_cli("show", str(tmp_path / "missing.json")))
-    assert one_error(_cli("--spec", str(spec_file), "--N", "0", "--thresholds", str(out)))
-    assert one_error(_cli("--spec", str(tmp_path / "nope.json"), "--N", "3", "--thresholds", str(out)))
-    assert one_error(_cli("--spec", str(spec_file), "--N", "3", "--thresholds", str(tmp_path / "no" / "x.json")))
-    assert one_error(_cli("--spec", str(spec_file), "--N", "3", "--thresholds", str(out), "--background"))
+    assert one_error(tr_autotune("show", str(tmp_path / "missing.json")))
+    assert one_error(tr_autotune("--spec", str(spec_file), "--N", "0", "--thresholds", str(out)))
+    assert one_error(tr_autotune("--spec", str(tmp_path / "nope.json"), "--N", "3", "--thresholds", str(out)))
+    assert one_error(tr_autotune("--spec", str(spec_file), "--N", "3", "--thresholds",
+                                 str(tmp_path / "no" / "x.json")))
+    assert one_error(tr_autotune("--spec", str(spec_file), "--N", "3", "--thresholds", str(out), "--background"))
 
 
 def test_the_budget_is_a_limit_when_the_work_is_slow(tmp_path, monkeypatch):

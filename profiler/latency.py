@@ -62,7 +62,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tr_core import units
 from tr_core.errors import TRError
 from tr_core.fileio import read_json
 
@@ -369,21 +368,18 @@ def config_sha256(config: Any) -> str:
 
 
 def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
+    from tr_core.model_config import text_config
+    return text_config(config)
 
 
 def kv_bytes_per_token(config: Any, dtype: str) -> int | None:
     """KV-cache bytes per token: 2 (K and V) x layers x kv heads x head dim x dtype bytes."""
-    c = _text_config(config)
-    layers = getattr(c, "num_hidden_layers", None)
-    heads = getattr(c, "num_attention_heads", None)
-    hidden = getattr(c, "hidden_size", None)
-    if not (layers and heads and hidden):
+    from tr_core.model_config import read_shape
+    try:  # the fields' one reader (tr_core.model_config); a config without them has no KV figure
+        shape = read_shape(config, "config", error=ProfileError, require_intermediate=False, require_vocab=False)
+    except ProfileError:
         return None
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    head_dim = getattr(c, "head_dim", None) or hidden // heads
-    return units.kv_bytes_per_token(layers, kv_heads, head_dim, DTYPE_BYTES[dtype])
+    return shape.kv_bytes_per_token(DTYPE_BYTES[dtype])
 
 
 def _read_config_dict(path: str) -> dict:
@@ -500,11 +496,8 @@ def _forward_kwargs(model) -> tuple[str, dict]:
 
 
 def _vocab_size(model) -> int:
-    c = _text_config(model.config)
-    v = getattr(c, "vocab_size", None)
-    if not v:
-        raise ProfileError("model config has no vocab_size")
-    return int(v)
+    from tr_core.model_config import config_int
+    return config_int(_text_config(model.config), "vocab_size", "model config", error=ProfileError)
 
 
 def _static_cache(transformers, model, batch_size: int, length: int, device: str):

@@ -68,13 +68,17 @@ def step_bytes(weight_bytes_read: int, kv_bytes_per_token: int | None, batch_siz
 
 def input_embedding_bytes_from_config(config: Mapping[str, Any], dtype_bytes: int) -> int:
     """Bytes of an untied input-embedding table (0 when tied: the output projection reads it)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    from tr_core.errors import TRError
+    from tr_core.model_config import read_shape, text_config
+
+    text = text_config(config)
     if config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)):
         return 0
-    vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
-    if not (isinstance(vocab, int) and isinstance(hidden, int)):
+    try:  # the fields' one reader (tr_core.model_config)
+        shape = read_shape(config, "config", require_intermediate=False)
+    except TRError:
         return 0
-    return int(vocab) * int(hidden) * int(dtype_bytes)
+    return shape.vocab * shape.hidden * int(dtype_bytes)
 
 
 def roofline(*, batch_sizes: Sequence[int], median_ms: Sequence[float], weight_bytes: int,

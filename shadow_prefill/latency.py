@@ -69,6 +69,7 @@ import numpy as np
 from shadow_prefill import _kernels as _k
 from shadow_prefill.errors import InputFileError, ShadowError
 from shadow_prefill.presets import gpu_preset, model_config
+from tr_core import model_config as MC
 from tr_core import units
 from tr_core.units import DTYPE_BYTES  # the project's one table of dtype sizes
 
@@ -82,7 +83,7 @@ LM_SIZE = 16
 
 
 # model types whose MLP has two matrices (up, down) instead of a gated three (gate, up, down)
-_UNGATED = {"gpt2", "gpt_bigcode", "gpt_neox", "falcon", "phi", "starcoder2", "bloom", "opt", "gptj"}
+_UNGATED = MC.UNGATED_MLP  # model types without a gated MLP (tr_core.model_config)
 
 
 # ============================================================================ model architecture
@@ -130,20 +131,17 @@ class ModelArch:
     def is_moe(self) -> bool:
         return self.experts > 0
 
+    # the counts' one home is tr_core.model_config (the KV plan and the runtime count with it too)
     @property
     def attention_params(self) -> int:
-        h, d = self.hidden, self.head_dim
-        p = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
-        if self.attention_bias:
-            p += (self.heads + 2 * self.kv_heads) * d
-        return p
+        return MC.attention_params(self.hidden, self.heads, self.kv_heads, self.head_dim, self.attention_bias)
 
     @property
     def norm_params(self) -> int:
-        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return MC.norm_params(self.hidden, self.head_dim, self.qk_norm)
 
     def _mlp(self, inter: int) -> int:
-        return (3 if self.gated_mlp else 2) * self.hidden * inter
+        return MC.mlp_params(self.hidden, inter, self.gated_mlp)
 
     @property
     def dense_layer_params(self) -> int:
@@ -179,7 +177,7 @@ class ModelArch:
         if self.total_override is not None:
             return self.total_override
         tot, _ = self._layer_sums()
-        return tot + self.embedding_params * (1 if self.tied_embeddings else 2) + self.hidden
+        return tot + MC.embedding_params(self.vocab, self.hidden, self.tied_embeddings)
 
     @property
     def active_params(self) -> int:
@@ -188,11 +186,11 @@ class ModelArch:
         if self.total_override is not None and not self.is_moe:
             return self.total_override
         _, act = self._layer_sums()
-        return act + self.embedding_params * (1 if self.tied_embeddings else 2) + self.hidden
+        return act + MC.embedding_params(self.vocab, self.hidden, self.tied_embeddings)
 
     def layer_params(self) -> tuple[float, float]:
         """(total, active) parameters of an average decoder layer (what one layer reads and multiplies by)."""
-        emb = self.embedding_params * (1 if self.tied_embeddings else 2) + self.hidden
+        emb = MC.embedding_params(self.vocab, self.hidden, self.tied_embeddings)
         return (self.total_params - emb) / self.layers, (self.active_params - emb) / self.layers
 
     @property
@@ -221,29 +219,26 @@ class ModelArch:
         """Read a Hugging Face ``config.json`` dict (``text_config`` of a multimodal one is used)."""
         if not isinstance(cfg, Mapping):
             raise ShadowError(f"{where}: a config must be a JSON object")
-        if isinstance(cfg.get("text_config"), Mapping):
-            cfg = cfg["text_config"]
-        layers = _cfg_int(cfg, "num_hidden_layers", where)
-        hidden = _cfg_int(cfg, "hidden_size", where)
-        heads = _cfg_int(cfg, "num_attention_heads", where)
-        kv_heads = _cfg_int(cfg, "num_key_value_heads", where, default=heads)
-        if heads % kv_heads:
-            raise ShadowError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
-        head_dim = _cfg_int(cfg, "head_dim", where) if cfg.get("head_dim") is not None else hidden // heads
-        vocab = _cfg_int(cfg, "vocab_size", where)
+        from tr_core.model_config import read_shape, text_config
+
+        # the common fields are read where every reader of a config.json reads them (tr_core.model_config)
+        shape = read_shape(cfg, where, error=ShadowError, require_intermediate=False, whole_floats=True)
+        cfg = text_config(cfg)
+        layers, hidden, heads, kv_heads = shape.layers, shape.hidden, shape.heads, shape.kv_heads
+        head_dim, vocab = shape.head_dim, shape.vocab
         experts = 0
         for k in ("num_local_experts", "num_experts", "n_routed_experts"):
             if cfg.get(k):
                 experts = _cfg_int(cfg, k, where)
                 break
-        model_type = str(cfg.get("model_type", ""))
+        model_type = shape.model_type
         if experts:
             per_tok = _cfg_int(cfg, "num_experts_per_tok", where,
                                default=cfg.get("experts_per_token", cfg.get("moe_topk")))
             if per_tok > experts:
                 raise ShadowError(f"{where}: num_experts_per_tok = {per_tok} exceeds the {experts} experts")
-            e_inter = _cfg_int(cfg, "moe_intermediate_size", where, default=cfg.get("intermediate_size"))
-            inter = _cfg_int(cfg, "intermediate_size", where, default=e_inter)
+            e_inter = _cfg_int(cfg, "moe_intermediate_size", where, default=shape.intermediate)
+            inter = e_inter if shape.intermediate is None else shape.intermediate
             shared = 0
             if cfg.get("shared_expert_intermediate_size"):
                 shared = _cfg_int(cfg, "shared_expert_intermediate_size", where)
@@ -252,7 +247,9 @@ class ModelArch:
             dense_layers = _cfg_int(cfg, "first_k_dense_replace", where, default=0, minimum=0)
         else:
             per_tok = e_inter = shared = dense_layers = 0
-            inter = _cfg_int(cfg, "intermediate_size", where)
+            if shape.intermediate is None:  # a dense model needs it: the error names it
+                read_shape(cfg, where, error=ShadowError, whole_floats=True)
+            inter = shape.intermediate
         dt = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")) or "bfloat16"
         if not isinstance(dt, str):
             from shadow_prefill.inputs import short_repr
@@ -279,9 +276,8 @@ class ModelArch:
                    intermediate=inter, vocab=vocab, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    experts=experts, experts_per_token=per_tok, expert_intermediate=e_inter,
                    shared_expert_intermediate=shared, dense_layers=dense_layers,
-                   gated_mlp=model_type not in _UNGATED,
-                   attention_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
-                   qk_norm=model_type.startswith("qwen3"), dtype_bytes=DTYPE_BYTES[dt], kv_dtype_bytes=kvd,
+                   gated_mlp=shape.gated_mlp, attention_bias=shape.attention_bias,
+                   qk_norm=shape.qk_norm, dtype_bytes=DTYPE_BYTES[dt], kv_dtype_bytes=kvd,
                    context_window=int(window) if isinstance(window, (int, float)) else 0,
                    total_override=total, active_override=active)
 

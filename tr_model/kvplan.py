@@ -189,33 +189,15 @@ class ModelFootprint:
         return -(-(self.weight_bytes - rep) // tp) + rep
 
 
-def _int_field(cfg: Mapping[str, Any], key: str, where: str, minimum: int = 1) -> int:
-    if key not in cfg:
-        raise SpecError(f"{where}: missing field {key!r}")
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_CONFIG_INT:
-        raise SpecError(f"{where}: field {key!r} must be an integer in {minimum}..{MAX_CONFIG_INT}, got {_short(v)}")
-    return v
-
-
-def _dense_parameter_count(cfg: Mapping[str, Any], where: str, layers: int, heads: int, kv_heads: int,
-                           head_dim: int, hidden: int) -> tuple[int, int]:
+def _dense_parameter_count(shape, cfg: Mapping[str, Any], where: str) -> tuple[int, int]:
+    from tr_core.model_config import read_shape
     for moe_key in ("num_experts", "num_local_experts", "n_routed_experts"):
         if cfg.get(moe_key):
             raise SpecError(f"{where}: mixture-of-experts config ({moe_key!r}); give 'num_parameters' or a "
                             f"model.safetensors.index.json next to it")
-    vocab = _int_field(cfg, "vocab_size", where)
-    inter = _int_field(cfg, "intermediate_size", where)
-    model_type = str(cfg.get("model_type", ""))
-    bias = bool(cfg.get("attention_bias", model_type == "qwen2"))
-    qk_norm = model_type.startswith("qwen3")
-    sharded_layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inter
-    if bias:
-        sharded_layer += (heads + 2 * kv_heads) * head_dim
-    replicated_layer = 2 * hidden + (2 * head_dim if qk_norm else 0)
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
-    replicated = layers * replicated_layer + hidden
-    return embed + layers * sharded_layer + replicated, replicated
+    # needed only for a count from the architecture (a given count or an index needs neither)
+    shape = read_shape(cfg, where, require_kv_heads=True)  # with vocab_size and intermediate_size now
+    return shape.dense_parameter_count()  # tr_core.model_config: the one home of the counts
 
 
 def read_model_footprint(config_path: str | os.PathLike | None = None, *, config: Mapping[str, Any] | None = None,
@@ -232,21 +214,12 @@ def read_model_footprint(config_path: str | os.PathLike | None = None, *, config
         raise SpecError(f"{where}: must be a JSON object, got {_short(config)}")
     if name is not None:
         _str(name, where, "name")
-    for key, kind in (("model_type", str), ("attention_bias", bool), ("tie_word_embeddings", bool)):
-        if config.get(key) is not None and not isinstance(config[key], kind):
-            raise SpecError(f"{where}: field {key!r} must be a {'string' if kind is str else 'boolean'}, "
-                            f"got {_short(config[key])}")
-    cfg = config.get("text_config", config) if isinstance(config.get("text_config"), Mapping) else config
-    layers = _int_field(cfg, "num_hidden_layers", where)
-    hidden = _int_field(cfg, "hidden_size", where)
-    heads = _int_field(cfg, "num_attention_heads", where)
-    kv_heads = _int_field(cfg, "num_key_value_heads", where)
-    if heads % kv_heads:
-        raise SpecError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
-    head_dim = _int_field(cfg, "head_dim", where) if cfg.get("head_dim") is not None else hidden // heads
-    if head_dim < 1:
-        raise SpecError(f"{where}: hidden_size = {hidden} is smaller than num_attention_heads = {heads} and no "
-                        f"'head_dim' is given")
+    from tr_core.model_config import read_shape, text_config
+
+    # the fields are read where every reader of a config.json reads them; the plan needs the KV heads given
+    cfg = text_config(config)
+    shape = read_shape(config, where, require_kv_heads=True, require_intermediate=False, require_vocab=False)
+    layers, heads, kv_heads, head_dim = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
     dtype_key = "torch_dtype" if "torch_dtype" in cfg else ("dtype" if "dtype" in cfg else None)
     if dtype_key is None:
         raise SpecError(f"{where}: missing field 'torch_dtype'")
@@ -270,7 +243,7 @@ def read_model_footprint(config_path: str | os.PathLike | None = None, *, config
         _int(num_parameters, where, "num_parameters", 1, MAX_PARAMETERS)
         return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, num_parameters, 0,
                               num_parameters * dbytes, "num_parameters", path)
-    params, replicated = _dense_parameter_count(cfg, where, layers, heads, kv_heads, head_dim, hidden)
+    params, replicated = _dense_parameter_count(shape, cfg, where)
     return ModelFootprint(nm, layers, heads, kv_heads, head_dim, dtype, dbytes, kv_bytes, params, replicated,
                           params * dbytes, "architecture", path)
 

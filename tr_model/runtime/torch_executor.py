@@ -87,19 +87,20 @@ class Qwen3Shape:
         if theta is None:  # transformers 5 keeps it in rope_parameters
             rp = get("rope_parameters") or {}
             theta = rp.get("rope_theta", 1_000_000.0) if isinstance(rp, Mapping) else 1_000_000.0
-        heads = int(get("num_attention_heads"))
-        hd = get("head_dim") or int(get("hidden_size")) // heads
-        return Qwen3Shape(vocab_size=int(get("vocab_size")), hidden_size=int(get("hidden_size")),
-                          intermediate_size=int(get("intermediate_size")), num_layers=int(get("num_hidden_layers")),
-                          num_heads=heads, num_kv_heads=int(get("num_key_value_heads") or heads), head_dim=int(hd),
+        from tr_core.model_config import read_shape
+        s = read_shape(cfg, "config")  # the fields' one reader (tr_core.model_config)
+        return Qwen3Shape(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
+                          num_layers=s.layers, num_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
                           rms_norm_eps=float(get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-                          tie_word_embeddings=bool(get("tie_word_embeddings", False)))
+                          tie_word_embeddings=s.tied_embeddings)
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
-        h, i, hd = self.hidden_size, self.intermediate_size, self.head_dim
-        per_layer = h * hd * (self.num_heads * 2 + self.num_kv_heads * 2) + 3 * h * i + 2 * h + 2 * hd
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return dtype_bytes * (self.num_layers * per_layer + emb + h)
+        from tr_core import model_config as MC
+        h, hd = self.hidden_size, self.head_dim
+        per_layer = (MC.attention_params(h, self.num_heads, self.num_kv_heads, hd, bias=False)
+                     + MC.mlp_params(h, self.intermediate_size, gated=True) + MC.norm_params(h, hd, qk_norm=True))
+        return dtype_bytes * (self.num_layers * per_layer + MC.embedding_params(self.vocab_size, h,
+                                                                                self.tie_word_embeddings))
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         from tr_core.units import kv_bytes_per_token

@@ -2,6 +2,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -36,6 +37,7 @@ def _compile_each_kernel_once():
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"tr-model-numba-{os.getuid()}")
     folder = os.path.join(base, "compile-locks")
     original = dispatcher.Dispatcher.compile
+    held = set()  # kernels whose lock this process holds (a kernel typed again inside its own compile)
 
     def compile(self, sig):
         if isinstance(self._cache, NullCache):
@@ -47,13 +49,25 @@ def _compile_each_kernel_once():
             except Exception:
                 pass
             name = f"{self.py_func.__module__}.{self.py_func.__qualname__}".replace(os.sep, "_")
+            if name in held:
+                return original(self, sig)
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, name + ".lock"), "a") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)
+                locked = False
+                for _ in range(6000):  # at most 5 minutes; then compile without waiting (never a deadlock)
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        locked = True
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+                held.add(name)
                 try:
                     return original(self, sig)
                 finally:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
+                    held.discard(name)
+                    if locked:
+                        fcntl.flock(fh, fcntl.LOCK_UN)
 
     dispatcher.Dispatcher.compile = compile
 

@@ -1,9 +1,9 @@
 """A compact state-dependent launch policy per N, in the form a thresholds file (schema version 3) carries.
 
-:func:`class_policy` searches one compact class of ``optimizer.policy`` (``busy``, ``residual``) at one N
+:func:`class_policy` searches one compact class of ``optimizer.policy`` (``busy``, ``residual``, ``window``, ``ratio``) at one N
 from the threshold vector ``B`` (steepest ascent, exact chain values: the value is exact, the optimality
 within the class is not proven) and returns the row fields of a version-3 file; :func:`policy_header` is
-the file's top-level ``policy`` object (the columns' names, the batch caps and, for ``residual``, the step
+the file's top-level ``policy`` object (the columns' names, the batch caps and, for ``residual`` and ``ratio``, the step
 lengths the rule compares with); :func:`threshold_row_fields` is the row of an N that was not searched (its
 policy is its threshold vector).  The file format is in :mod:`tr_model.thresholds`; the runtime executes it
 (:mod:`tr_model.runtime.core`).
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tr_core.errors import SpecError
 from tr_core.spec import SystemSpec
-from tr_model.thresholds import POLICY_COLUMNS
+from tr_model.thresholds import POLICY_COLUMNS, STEP_CLASSES, WINDOW_CLASSES
 
 __all__ = ["POLICY_CLASSES", "ClassPolicy", "class_policy", "policy_header", "threshold_row_fields",
            "check_policy_class"]
@@ -81,7 +81,10 @@ def class_policy(spec: SystemSpec, N: int, cls: str, B, *, round_to_grid: bool =
         if r[0] > N:
             raise SpecError(f"N = {N}: the {cls} search left model {j} never launching with every model idle "
                             f"(internal: such a policy deadlocks)")
-        rows.append(tuple(None if (c > 0 and x > N) else x for c, x in enumerate(r)))
+        if cls in WINDOW_CLASSES:  # (threshold, window in quanta) -> (threshold, window_ms)
+            rows.append((r[0], _ms(r[1], spec.delta_ms)))
+        else:
+            rows.append(tuple(None if (c > 0 and x > N) else x for c, x in enumerate(r)))
     return ClassPolicy(N=N, cls=cls, B=tuple(int(b) for b in B), params=tuple(rows),
                        throughput_tok_s=float(sol.throughput_per_quantum * scale),
                        throughput_error_bound=float(sol.throughput_error_bound),
@@ -92,6 +95,8 @@ def class_policy(spec: SystemSpec, N: int, cls: str, B, *, round_to_grid: bool =
 def threshold_row_fields(cls: str, B) -> dict:
     """The policy fields of a row whose policy is its threshold vector (not searched, or extrapolated)."""
     k = len(POLICY_COLUMNS[check_policy_class(cls)])
+    if cls in WINDOW_CLASSES:  # the threshold rule: no window
+        return {"policy_thresholds": [[int(b), 0] for b in B], "policy_certificate": "thresholds"}
     return {"policy_thresholds": [[int(b)] * k for b in B], "policy_certificate": "thresholds"}
 
 
@@ -105,7 +110,7 @@ def policy_header(spec: SystemSpec, cls: str, max_concurrency: int, *, round_to_
     caps = [None if spec.max_batch_size is None or spec.max_batch_size[i] is None else int(spec.max_batch_size[i])
             for i in range(spec.M)]
     head = {"class": cls, "columns": list(POLICY_COLUMNS[cls]), "max_batch_size": caps}
-    if cls == "residual":
+    if cls in STEP_CLASSES:
         d, _ = spec.quanta_table(n, round_to_grid=round_to_grid)
         dco = spec.corun_quanta_table(n, round_to_grid=round_to_grid)[0] if spec.has_corun else d
         head["step_ms"] = [[_ms(d[i, b], spec.delta_ms) for b in range(1, n + 1)] for i in range(spec.M)]

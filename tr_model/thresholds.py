@@ -124,7 +124,13 @@ POLICY_SCHEMA_VERSION = 3             # written when the file carries a state-de
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 # compact launch-policy classes a version-3 file may carry: the column names of policy_thresholds
 POLICY_COLUMNS = {"busy": ("others_idle", "others_busy"),
-                  "residual": ("others_idle", "others_end_later", "others_end_sooner")}
+                  "residual": ("others_idle", "others_end_later", "others_end_sooner"),
+                  "window": ("threshold", "window_ms"),
+                  "ratio": ("threshold", "window_ms")}
+# classes whose second column is a time window in ms (a number >= 0), not a threshold
+WINDOW_CLASSES = ("window", "ratio")
+# classes whose header carries the step lengths (step_ms, step_ms_beside_running)
+STEP_CLASSES = ("residual", "ratio")
 POLICY_CERTIFICATES = ("local", "thresholds")
 UPGRADE_HINT = "upgrade tokenrouter-model (or copy its newer tr_model/thresholds.py, standard library only)"
 THRESHOLDS_FORMAT = "tokenrouter-thresholds"
@@ -324,22 +330,81 @@ class ThresholdTable:
         b = max(1, min(int(waiting), cap if cap is not None else waiting, len(self.policy_step_ms_beside_running[model])))
         return self.policy_step_ms_beside_running[model][b - 1]
 
-    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any) -> int | None:
+    def _quanta(self, ms: float) -> int:
+        """A time in ms on the chain's grid (nearest quantum)."""
+        return int(math.floor(ms / self.delta_ms + 0.5))
+
+    def _batches(self, running_batch: Any, residual_ms: tuple, half: float) -> tuple:
+        M = self.num_models
+        if running_batch is None:
+            raise ValueError(f"policy class {self.policy_class!r} needs running_batch (the size of each model's "
+                             f"running batch, 0 when idle)")
+        if not isinstance(running_batch, (list, tuple)) or len(running_batch) != M or not all(
+                _is_int(b) and b >= 0 for b in running_batch):
+            raise ValueError(f"running_batch must be {M} integers >= 0 (requests in each model's running batch, "
+                             f"0 when idle), got {_short(running_batch)}")
+        return tuple(b if r > half else 0 for b, r in zip(running_batch, residual_ms))
+
+    def _ratio_thresholds(self, n: int, waiting: tuple, residual_ms: tuple, running_batch: Any) -> tuple:
+        """The ``ratio`` class: the models decide in turn, fastest step first (a batch of one alone; ties by
+        index), a batch launched earlier in the turn counting as running (residual: its step, beside a running
+        model when one runs).  Model j waits while, for some running batch of another model ending in ``t``
+        quanta, ``t * waiting[j] <= W_j * A(t)``, ``A(t)`` the requests of the other models' running batches
+        ending within ``t`` (``W_j = window_ms / delta_ms``).  Per model: its threshold, or None (waits)."""
+        M = self.num_models
+        half = self._half_quantum()
+        R = [max(1, self._quanta(r)) if r > half else 0 for r in residual_ms]
+        Bb = list(self._batches(running_batch, residual_ms, half))
+        rows = self.policy_rows[n]
+        order = sorted(range(M), key=lambda m: (self.policy_step_ms[m][0], m))
+        out: list = [None] * M
+        for j in order:
+            B, W = rows[j][0], self._quanta(rows[j][1])
+            k = waiting[j]
+            wait = False
+            for i in range(M):
+                if i == j or R[i] <= 0:
+                    continue
+                t = R[i]
+                arriving = sum(Bb[m] for m in range(M) if m != j and R[m] > 0 and R[m] <= t)
+                if t * k <= W * arriving:
+                    wait = True
+                    break
+            out[j] = None if wait else B
+            if R[j] == 0 and not wait and k >= max(B, 1):
+                cap = self.policy_max_batch_size[j]
+                take = min(k, cap) if cap is not None else k
+                beside = any(R[m] > 0 for m in range(M) if m != j)
+                steps = (self.policy_step_ms_beside_running if beside else self.policy_step_ms)[j]
+                R[j] = max(1, self._quanta(steps[max(1, min(take, len(steps))) - 1]))
+                Bb[j] = take
+        return tuple(out)
+
+    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any,
+                         running_batch: Any = None) -> int | None:
         """The threshold model ``model`` applies in this state (None: it does not launch in it).
 
         ``waiting[i]``: requests queued at model i; ``residual_ms[i]``: milliseconds left in model i's running
         batch, 0 when idle, read after the completions of this instant and before its launches (a model that
         launches at this very instant counts as idle).  A residual of at most half a ``delta_ms`` counts as
-        idle (the chain's quanta).  For a plain table: ``lookup(active_requests)[model]``."""
+        idle (the chain's quanta).  ``running_batch[i]``: requests in model i's running batch (class ``ratio``
+        only).  For a plain table: ``lookup(active_requests)[model]``.  For class ``ratio`` the decisions of
+        the models that decide before ``model`` in the same instant (fastest first) are taken into account."""
         waiting, residual_ms = self._state(waiting, residual_ms)
         if not _is_int(model) or not 0 <= model < self.num_models:
             raise ValueError(f"model must be an integer in 0..{self.num_models - 1}, got {_short(model)}")
         n = self._row(active_requests)
         if self.policy_class is None:
             return self.thresholds[n][model]
+        if self.policy_class == "ratio":
+            return self._ratio_thresholds(n, waiting, residual_ms, running_batch)[model]
         cols = self.policy_rows[n][model]
         half = self._half_quantum()
         running = [r for i, r in enumerate(residual_ms) if i != model and r > half]
+        if self.policy_class == "window":
+            if running and max(1, self._quanta(min(running))) <= self._quanta(cols[1]):
+                return None
+            return cols[0]
         if not running:
             return cols[0]
         if self.policy_class == "busy":
@@ -347,17 +412,20 @@ class ThresholdTable:
         own = self.own_step_ms(model, waiting[model])
         return cols[2] if min(running) <= own - half else cols[1]
 
-    def decide(self, active_requests: int, waiting: Any, residual_ms: Any) -> tuple:
+    def decide(self, active_requests: int, waiting: Any, residual_ms: Any, running_batch: Any = None) -> tuple:
         """Per model, whether it launches now: idle (residual at most half a quantum), ``waiting >= 1`` and
-        ``waiting >=`` its :meth:`launch_threshold` in this state."""
+        ``waiting >=`` its :meth:`launch_threshold` in this state (``running_batch``: class ``ratio`` only)."""
         waiting, residual_ms = self._state(waiting, residual_ms)
         half = self._half_quantum()
+        if self.policy_class == "ratio":
+            thr = self._ratio_thresholds(self._row(active_requests), waiting, residual_ms, running_batch)
         out = []
         for j in range(self.num_models):
             if residual_ms[j] > half or waiting[j] < 1:
                 out.append(False)
                 continue
-            b = self.launch_threshold(active_requests, j, waiting, residual_ms)
+            b = thr[j] if self.policy_class == "ratio" else self.launch_threshold(active_requests, j, waiting,
+                                                                                   residual_ms)
             out.append(b is not None and waiting[j] >= b)
         return tuple(out)
 
@@ -639,10 +707,11 @@ def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
             or not all(c is None or (_is_int(c) and c >= 1) for c in caps)):
         raise fail(f"'policy.max_batch_size' must be a list of {M} integers >= 1 or null (no cap), got {_short(caps)}")
     out = {"class": cls, "columns": cols, "max_batch_size": tuple(caps)}
-    if cls == "residual":
+    if cls != "busy":
         delta = doc.get("delta_ms")
         if not _is_num(delta) or delta <= 0:
-            raise fail("policy class 'residual' needs 'delta_ms' (the residual times are compared on its grid)")
+            raise fail(f"policy class {cls!r} needs 'delta_ms' (the residual times are compared on its grid)")
+    if cls in STEP_CLASSES:
         for key in ("step_ms", "step_ms_beside_running"):
             v = pol.get(key)
             if not isinstance(v, list) or len(v) != M:
@@ -661,7 +730,7 @@ def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
     else:
         for key in ("step_ms", "step_ms_beside_running"):
             if key in pol:
-                raise fail(f"'policy.{key}' belongs to class 'residual', not {cls!r}")
+                raise fail(f"'policy.{key}' belongs to classes {' and '.join(STEP_CLASSES)}, not {cls!r}")
     extra = set(pol) - {"class", "columns", "max_batch_size", "step_ms", "step_ms_beside_running"}
     if extra:
         raise fail(f"'policy' has unknown field(s) {sorted(extra)}")
@@ -684,12 +753,17 @@ def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | N
             raise fail(f"{name}.policy_thresholds[{j}] must have {len(cols)} entries ({', '.join(cols)}), "
                        f"got {_short(r)}")
         for c, b in enumerate(r):
+            if c > 0 and pol["class"] in WINDOW_CLASSES:
+                if not _is_num(b) or b < 0:
+                    raise fail(f"{name}.policy_thresholds[{j}][{c}] ({cols[c]}) must be a finite number >= 0 "
+                               f"(ms), got {_short(b)}")
+                continue
             if b is None and c > 0:
                 continue
             if not _is_int(b) or not 1 <= b <= n:
                 raise fail(f"{name}.policy_thresholds[{j}][{c}] ({cols[c]}) must be an integer in 1..{n} (N)"
                            + (" or null (never)" if c > 0 else "") + f", got {_short(b)}")
-        row.append(tuple(r))
+        row.append(tuple(float(b) if c > 0 and pol["class"] in WINDOW_CLASSES else b for c, b in enumerate(r)))
     extra = sum(r[0] - 1 for r in row)
     if extra >= n:
         raise fail(f"{name}.policy_thresholds: the {cols[0]} thresholds {[r[0] for r in row]} are infeasible for "
@@ -700,7 +774,11 @@ def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | N
     if cert == "extrapolated" and pc != "thresholds":
         raise fail(f"{name} is extrapolated: its policy_certificate must be 'thresholds' (its policy is its "
                    f"threshold vector), got {_short(pc)}")
-    if pc == "thresholds" and any(any(b != B[j] for b in r) for j, r in enumerate(row)):
+    if pc == "thresholds" and pol["class"] in WINDOW_CLASSES:
+        if any(r[0] != B[j] or r[1] != 0 for j, r in enumerate(row)):
+            raise fail(f"{name}.policy_thresholds = {_short(v)} must be [thresholds[j], 0] per model, thresholds = "
+                       f"{list(B)} (policy_certificate 'thresholds': the threshold rule, no window)")
+    elif pc == "thresholds" and any(any(b != B[j] for b in r) for j, r in enumerate(row)):
         raise fail(f"{name}.policy_thresholds = {_short(v)} must repeat thresholds = {list(B)} in every column "
                    f"(policy_certificate 'thresholds')")
     pp = e.get("policy_predicted_tok_s")
@@ -791,10 +869,11 @@ class WatchedThresholds:
         self._maybe_refresh()
         return self.table.lookup(active_requests)
 
-    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any) -> int | None:
+    def launch_threshold(self, active_requests: int, model: int, waiting: Any, residual_ms: Any,
+                         running_batch: Any = None) -> int | None:
         self._maybe_refresh()
-        return self.table.launch_threshold(active_requests, model, waiting, residual_ms)
+        return self.table.launch_threshold(active_requests, model, waiting, residual_ms, running_batch)
 
-    def decide(self, active_requests: int, waiting: Any, residual_ms: Any) -> tuple:
+    def decide(self, active_requests: int, waiting: Any, residual_ms: Any, running_batch: Any = None) -> tuple:
         self._maybe_refresh()
-        return self.table.decide(active_requests, waiting, residual_ms)
+        return self.table.decide(active_requests, waiting, residual_ms, running_batch)

@@ -207,7 +207,10 @@ class Subserver:
         processing wakes every subserver); a model that launched at this very instant counts as idle.  Time
         alone never triggers a decision (the chain's epochs are its completions): a model that waits decides
         again at the next event.  The others' residual times come from the executor (``step_end``), else from
-        the table's step lengths."""
+        the table's step lengths.  Class ``ratio`` decides the models in turn (fastest first, earlier launches
+        counting as running): each subserver evaluates the whole instant's decisions on the state before its
+        launches (a batch launched at this instant returned to its queue), so the order the subservers wake
+        in does not matter."""
         rt, i = self.rt, self.index
         eps = rt.eps_s
         if rt.in_flight:
@@ -215,6 +218,9 @@ class Subserver:
         others = [s for s in rt.subservers if s is not self]
         exact = getattr(rt.executor, "step_end", None) is not None
         residual = [0.0] * rt.M
+        running_batch = [0] * rt.M
+        waiting = [len(s.waiting) for s in rt.subservers]
+        sequential = getattr(rt.thresholds, "policy_class", None) == "ratio"
         for s in others:
             if not s.busy:
                 continue
@@ -223,7 +229,12 @@ class Subserver:
                 return False   # its completion is due now and not yet processed
             if s.started_at < now - eps:   # launched at this very instant: still idle for this decision
                 residual[s.index] = 1e300 if end is None else max(0.0, (end - now) * 1000.0 / rt.time_scale)
-        waiting = [len(s.waiting) for s in rt.subservers]
+                running_batch[s.index] = s.batch_len
+            elif sequential:   # the instant's state before its launches: the batch is still queued
+                waiting[s.index] += s.batch_len
+        if sequential:   # the models decide in turn (fastest first): the whole instant's decisions at once
+            return bool(self.waiting) and rt.thresholds.decide(self.active_view, waiting, residual,
+                                                                running_batch)[i]
         thr = rt.thresholds.launch_threshold(self.active_view, i, waiting, residual)
         return thr is not None and bool(self.waiting) and len(self.waiting) >= thr
 

@@ -159,3 +159,23 @@ def test_runtime_runs_ratio_at_the_chain_value(me3):
     pred = table.policy_predicted_tok_s[2]
     assert r.throughput_ci95_tok_s < 0.01 * pred
     assert abs(r.throughput_tok_s - pred) <= r.throughput_ci95_tok_s
+
+
+def test_cli_autotune_run_and_optimize_accept_window_and_ratio(tmp_path, capsys):
+    from tr_model.autotune_cli import main as autotune
+    from tr_model.cli import main as optimize
+    out = tmp_path / "w.json"
+    assert autotune(["run", "--p", "0.35", "--L", "6.0", "27.9", "--N", "5", "--thresholds", str(out),
+                     "--policy", "window", "--policy-max-n", "4", "--quiet"]) == 0
+    assert "policy (window: threshold, window_ms)" in capsys.readouterr().out
+    t = ThresholdTable.load(out)
+    assert t.policy_class == "window" and t.policy_certificates == ("local",) * 4 + ("thresholds",)
+    assert t.policy_of(5) == tuple((b, 0.0) for b in t.lookup(5))
+    out2 = tmp_path / "r.json"
+    assert optimize(["--p", "0.35", "--L", "6.0", "27.9", "--N", "1-4", "--policy", "ratio", "--thresholds",
+                     str(out2), "--format", "json", "--no-cache"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][-1]
+    r = ThresholdTable.load(out2)
+    assert r.policy_class == "ratio" and row["policy"]["class"] == "ratio"
+    assert [tuple(x) for x in row["policy"]["thresholds"]] == list(r.policy_of(4))
+    assert r.policy_predicted_tok_s[3] == pytest.approx(row["policy"]["throughput_tok_s"], rel=1e-12)

@@ -135,7 +135,7 @@ def solver_options(solver: str = "auto", tol: float | None = None, max_states: i
                 raise SpecError(f"policy_max_n must be an integer >= 1, got {policy_max_n!r}")
             opts["policy_max_n"] = int(policy_max_n)
     elif policy_max_n is not None:
-        raise SpecError("policy_max_n applies with a policy class (policy = 'busy' or 'residual')")
+        raise SpecError("policy_max_n applies with a policy class (policy = 'busy', 'residual', 'window' or 'ratio')")
     return opts
 
 

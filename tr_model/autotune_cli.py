@@ -93,7 +93,9 @@ def _add_run(sub) -> None:
     t.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
                    "policy class at each N (from B*(N)) and write a schema-version-3 file the runtime executes: "
                    "busy = a threshold per model while no other model runs and one while another does; residual = "
-                   "idle / the other's batch ends no sooner than this model's step / ends sooner (docs/autotune.md)")
+                   "idle / the other's batch ends no sooner than this model's step / ends sooner; window = a threshold, "
+                   "waiting while another model's batch ends within a window (ms); ratio = the window scaled by the "
+                   "requests about to return over the own queue, models deciding in turn (docs/autotune.md)")
     t.add_argument("--policy-max-n", type=int, metavar="N", help="with --policy: search it only up to this N "
                    "(rows above keep B*(N) as their policy; default: every N)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "

@@ -89,7 +89,9 @@ def _add_search_args(p) -> None:
     s.add_argument("--policy", choices=POLICY_CLASSES + ("optimal",), help="also search this compact "
                    "state-dependent launch policy class at each N, from B*(N) (steepest ascent, exact chain "
                    "values): busy = a threshold per model while no other model runs and one while another does; "
-                   "residual = idle / the other's batch ends no sooner than this model's step / ends sooner. "
+                   "residual = idle / the other's batch ends no sooner than this model's step / ends sooner; "
+                   "window = a threshold, waiting while another model's batch ends within a window (ms); ratio = "
+                   "the window scaled by the requests about to return over the own queue, models deciding in turn. "
                    "optimal: the optimal launch policy (value iteration on the all-policy decision process, its "
                    "exact throughput, the bound and the proven gap; the table in --format json; not written to "
                    "--thresholds). Prints the policy's throughput and gain over B*")
@@ -273,7 +275,7 @@ def _refuse_dropped(a) -> None:
     if a.method != "exact":
         refuse_given(a, ["policy", "thresholds"], "needs the exact chain (--method exact)")
     if a.policy == "optimal" and a.thresholds:
-        raise SpecError("--thresholds carries a compact policy class (--policy busy or residual); the optimal "
+        raise SpecError("--thresholds carries a compact policy class (--policy busy, residual, window or ratio); the optimal "
                         "table is printed (--format json), not written to a thresholds file")
 
 

@@ -64,9 +64,16 @@ as idle):
 * class ``residual``: ``others_idle``; ``others_end_later`` while the earliest-ending running batch of the
   other models ends no sooner than model j's own step would (``step_ms_beside_running[j][b - 1]``, b the
   batch it would take: ``min(waiting, max_batch_size[j])``); ``others_end_sooner`` while it ends sooner
-  (by at least half a ``delta_ms``).
+  (by at least half a ``delta_ms``);
+* class ``window`` (columns ``threshold``, ``window_ms``): the threshold, unless a running batch of another
+  model ends within ``window_ms`` (then model j waits);
+* class ``ratio`` (the same columns, and the header's step tables): model j waits while, for some running
+  batch of another model ending in ``t`` ms, ``t * waiting[j] <= window_ms * A(t)``, ``A(t)`` the requests in
+  the other models' running batches ending within ``t``; the models decide in turn, fastest first, and a
+  batch launched earlier in the same instant counts as running (so pass the instant's state before its
+  launches, with ``running_batch``, and take all decisions from one :meth:`ThresholdTable.decide` call).
 
-Model j launches when it is idle and ``waiting >= threshold >= 1`` (:meth:`ThresholdTable.decide`).  Rows
+Times are compared on the ``delta_ms`` grid.  Model j launches when it is idle and ``waiting >= threshold >= 1`` (:meth:`ThresholdTable.decide`).  Rows
 say how their policy was obtained: ``policy_certificate`` ``local`` (a search over the class from B*; its
 ``policy_predicted_tok_s`` is the exact chain's throughput under that policy, at least ``predicted_tok_s``)
 or ``thresholds`` (not searched: every column equals ``thresholds[j]``, the plain B* policy; extrapolated

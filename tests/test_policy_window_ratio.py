@@ -179,3 +179,12 @@ def test_cli_autotune_run_and_optimize_accept_window_and_ratio(tmp_path, capsys)
     assert r.policy_class == "ratio" and row["policy"]["class"] == "ratio"
     assert [tuple(x) for x in row["policy"]["thresholds"]] == list(r.policy_of(4))
     assert r.policy_predicted_tok_s[3] == pytest.approx(row["policy"]["throughput_tok_s"], rel=1e-12)
+
+
+def test_export_r2r_says_a_window_policy_is_lost_only_where_it_has_a_window(me3):
+    from tr_model.autotune_cli import _policy_export_notes
+    cls, _p, table, _doc = me3
+    windowed = [n for n in (1, 2, 3) if any(w > 0 for _b, w in table.policy_of(n))]
+    assert 1 not in windowed and 3 in windowed   # N = 1: the threshold rule, written as windows 0
+    notes = _policy_export_notes(table, 3)
+    assert f"state-dependent {cls} policy at {len(windowed)} of N = 1..3" in notes[0]

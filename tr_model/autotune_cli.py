@@ -539,12 +539,18 @@ def _embedded_spec(path: str):
 
 def _policy_export_notes(table, K: int) -> list:
     """A version-3 file: which rows carry a launch policy R2R's per-N lists cannot run, and its worth."""
+    from tr_model.thresholds import WINDOW_CLASSES
+
     if table.policy_class is None:
         return []
     lost = []
     for n in range(1, min(K, len(table.thresholds)) + 1):
         row, B = table.policy_of(n), table.lookup(n)
-        if any(any(b != B[j] for b in r) for j, r in enumerate(row)):
+        if table.policy_class in WINDOW_CLASSES:   # (threshold, window_ms): the threshold rule is window 0
+            differs = any(r[0] != B[j] or r[1] != 0 for j, r in enumerate(row))
+        else:
+            differs = any(any(b != B[j] for b in r) for j, r in enumerate(row))
+        if differs:
             pp, pred = table.policy_predicted_tok_s[n - 1], table.predicted(n)
             lost.append((n, pp / pred - 1.0 if pp is not None and pred else None))
     if not lost:

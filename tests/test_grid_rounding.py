@@ -97,13 +97,34 @@ def copies_in(lines) -> list[int]:
     return out
 
 
+# Files vendored alone into a server (standard library only, no import of tr_core): they restate the rule, and
+# test_vendored_restatements_agree checks each against tr_core.quanta.
+VENDORED = {os.path.join("tr_model", "thresholds.py")}
+
+
+def test_vendored_restatements_agree():
+    from tr_core.quanta import quanta
+    from tr_model.thresholds import ThresholdTable
+    with open(os.path.join(ROOT, "tr_model", "thresholds.py"), encoding="utf-8") as fh:
+        assert len(copies_in(fh.read().splitlines())) == 1, "the vendorable reader restates the rule once"
+    table = ThresholdTable.__new__(ThresholdTable)
+    rng = np.random.default_rng(5)
+    for delta in (0.1, 0.05, 0.25, 1.0):
+        object.__setattr__(table, "delta_ms", delta)  # a frozen dataclass: only its rounding is used here
+        values = np.concatenate([rng.uniform(delta / 2 + 1e-9, 400 * delta, 500), np.arange(1, 60) * delta,
+                                 (np.arange(1, 60) + 0.5) * delta])
+        for ms in values:
+            assert table._quanta(float(ms)) == quanta(float(ms), delta), (ms, delta)
+
+
 def test_no_second_copy_of_the_rule():
     found = []
     for pkg in PACKAGES:
         for d, _, files in os.walk(os.path.join(ROOT, pkg)):
             for f in files:
                 path = os.path.join(d, f)
-                if not f.endswith(".py") or os.path.relpath(path, ROOT) == os.path.join("tr_core", "quanta.py"):
+                rel = os.path.relpath(path, ROOT)
+                if not f.endswith(".py") or rel == os.path.join("tr_core", "quanta.py") or rel in VENDORED:
                     continue
                 with open(path, encoding="utf-8") as fh:
                     lines = fh.read().splitlines()

@@ -338,8 +338,11 @@ class ThresholdTable:
         return self.policy_step_ms_beside_running[model][b - 1]
 
     def _quanta(self, ms: float) -> int:
-        """A time in ms on the chain's grid (nearest quantum)."""
-        return int(math.floor(ms / self.delta_ms + 0.5))
+        """A time in ms on the chain's grid (nearest quantum, half to even; zero allowed for a residual).
+
+        The project's rule lives in ``tr_core.quanta``; this file is vendored alone (standard library only), so
+        it restates it, and tests/test_grid_rounding.py checks the two agree."""
+        return int(round(ms / self.delta_ms))
 
     def _batches(self, running_batch: Any, residual_ms: tuple, half: float) -> tuple:
         M = self.num_models

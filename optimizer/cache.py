@@ -23,6 +23,7 @@ import tempfile
 import time
 
 from tr_core.errors import short_repr
+from tr_core.fileio import signals_deferred
 from tr_core.spec import SystemSpec, spec_to_dict
 
 CACHE_FORMAT = 1
@@ -212,18 +213,26 @@ class ResultCache:
 
     def put(self, key: str, ev) -> None:
         folder = os.path.dirname(self._file(key))
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                d = ev.to_dict()
-                d["delta_ms"] = ev.delta_ms
-                d["computed_seconds"] = ev.seconds
-                json.dump(d, f)
-            os.replace(tmp, self._file(key))
-        except OSError:
-            # a read-only or full cache must never fail the computation itself
+        d = ev.to_dict()
+        d["delta_ms"] = ev.delta_ms
+        d["computed_seconds"] = ev.seconds
+        text = json.dumps(d)
+        tmp = None
+        # Ctrl-C or SIGTERM while the entry is written would leave its temporary file behind: held back until
+        # the entry is renamed into place (or cleaned up)
+        with signals_deferred():
             try:
-                os.unlink(tmp)  # type: ignore[possibly-undefined]
-            except (OSError, UnboundLocalError):
-                pass
+                os.makedirs(folder, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(tmp, self._file(key))
+            except BaseException as e:
+                if tmp is not None:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                if not isinstance(e, OSError):
+                    raise
+                # a read-only or full cache must never fail the computation itself

@@ -23,6 +23,26 @@ def _umask() -> int:
     return mask
 
 
+class signals_deferred:
+    """Hold SIGINT and SIGTERM back from the calling thread for a short critical section (creating, writing and
+    renaming a temporary file): a signal that arrives inside stays pending and is raised when the section ends,
+    so no temporary file is left between its creation and the line that would clean it up.  Where signal
+    masks do not exist it does nothing."""
+
+    def __enter__(self):
+        import signal
+        self.old = None
+        if hasattr(signal, "pthread_sigmask"):
+            self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            import signal
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)  # a pending signal is raised here
+        return False
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False,
                  error: type[Exception] = SpecError, what: str = "") -> None:
     """Call ``write(f)`` on a temporary file next to ``path``, then rename it over ``path``.

@@ -197,25 +197,13 @@ COMMANDS = [("tr-optimize", "tr_model.cli", []), ("tr-autotune", "tr_model.autot
             ("tr-profile", "profiler.cli", ["routing"]), ("tr-shadow", "shadow_prefill.cli", ["simulate"])]
 
 
-def _in_process(module, argv):
-    import contextlib
-    import importlib
-    import io
-    main = importlib.import_module(module).main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.mark.parametrize("prog,module,sub", COMMANDS)
-def test_all_four_commands_have_version_and_one_line_argparse_errors(prog, module, sub):
+def test_all_four_commands_have_version_and_one_line_argparse_errors(prog, module, sub, run_inproc):
     from tr_core.version import __version__
-    code, out, _ = _in_process(module, ["--version"])
+    r = run_inproc(prog, "--version")
+    code, out = r.returncode, r.stdout
     assert code == 0 and out.strip() == f"{prog} {__version__}"
     for argv in (sub + ["--no-such-flag"], sub + ["--format", "xml"]):
-        code, out, err = _in_process(module, argv)
+        r = run_inproc(prog, *argv)
+        code, out, err = r.returncode, r.stdout, r.stderr
         assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "usage" not in err, (argv, err)

@@ -8,8 +8,6 @@ the flag to raise), that ``--max-hours`` lets a user through, and that what peop
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 
@@ -22,24 +20,10 @@ from tr_core.errors import SpecError, WorkTooLarge
 SYSTEM = ["--p", "0.35", "--L", "6", "27.9"]
 
 
-def _run(main, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
-
-
-def _optimize(argv):
-    from tr_model.cli import main
-    return _run(main, argv)
-
-
-def _autotune(argv):
-    from tr_model.autotune_cli import main
-    return _run(main, argv)
+def _called(run_inproc, prog, argv):
+    """``(exit code, stdout, stderr)`` of the console script's main(argv), in this process (conftest's fixture)."""
+    r = run_inproc(prog, *argv)
+    return r.returncode, r.stdout, r.stderr
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -96,9 +80,9 @@ def test_durations_read_in_their_unit(seconds, text):
     (["--N", "1-128", "--search", "exhaustive"], "exhaustive search"),
     (["--N", "1-2000", "--method", "simulate", "--max-evaluations", "10000000000"], "--sim-budget-s 60"),
 ])
-def test_tr_optimize_refuses_years_before_any_work(tmp_path, monkeypatch, argv, needle):
+def test_tr_optimize_refuses_years_before_any_work(tmp_path, monkeypatch, argv, needle, run_inproc):
     monkeypatch.chdir(tmp_path)
-    code, out, err = _optimize([*SYSTEM, *argv, "--no-cache", "--out", "r.json"])
+    code, out, err = _called(run_inproc, "tr-optimize", [*SYSTEM, *argv, "--no-cache", "--out", "r.json"])
     assert code == 3 and out == "" and os.listdir(tmp_path) == [], err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
@@ -119,17 +103,17 @@ def test_tr_optimize_max_hours_lets_a_long_sweep_through_with_its_estimate_said(
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
-def test_tr_optimize_max_hours_must_be_positive(value):
-    code, _, err = _optimize([*SYSTEM, "--N", "2", "--no-cache", "--max-hours", value])
+def test_tr_optimize_max_hours_must_be_positive(value, run_inproc):
+    code, _, err = _called(run_inproc, "tr-optimize", [*SYSTEM, "--N", "2", "--no-cache", "--max-hours", value])
     assert code == 2 and err.startswith("error: --max-hours") and err.count("\n") == 1, err
 
 
 # ------------------------------------------------------------------------------------- tr-autotune, tune
 
 
-def test_tr_autotune_run_refuses_years_naming_its_flags(tmp_path):
+def test_tr_autotune_run_refuses_years_naming_its_flags(tmp_path, run_inproc):
     out = tmp_path / "t.json"
-    code, _, err = _autotune(["run", *SYSTEM, "--N", "2047", "--thresholds", str(out)])
+    code, _, err = _called(run_inproc, "tr-autotune", ["run", *SYSTEM, "--N", "2047", "--thresholds", str(out)])
     assert code == 3 and not out.exists(), err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --N = 2,047") and "--max-hours = 24" in lines[0], err

@@ -760,7 +760,7 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
         return json.dumps(doc, indent=1) + "\n"
     pred = doc["predicted_file"] is not None
     headers = ["N", "requests", "retries", "measured_tok_s", "ci95_tok_s", "per_request_tok_s", "per_request_ci95",
-               "latency_s", "llm_ratio", "idle", "server_in_flight", "load_avg"]
+               "latency_s", "llm_ratio", "idle", "server_in_flight", "load_avg", "server_tok_s", "server_ci95"]
     if pred:
         headers += ["B", "predicted_tok_s", "ratio"]
     rows = []
@@ -768,7 +768,8 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
         row = [r["N"], r["window_requests"], r["retries"], _num(r["throughput_tok_s"]),
                _num(r["throughput_ci95_tok_s"]), _num(r["per_request_tok_s"]), _num(r["per_request_ci95_tok_s"]),
                _num(r["mean_latency_s"], 3), _num(r["llm_ratio"], 4), _num(r["client_idle_fraction"], 4),
-               _num(r["server_mean_in_flight"], 3), _num(r["load_average"][1])]
+               _num(r["server_mean_in_flight"], 3), _num(r["load_average"][1]), _num(r["server_throughput_tok_s"]),
+               _num(r["server_throughput_ci95_tok_s"])]
         if pred:
             B = r.get("B")
             row += [" ".join(map(str, B)) if isinstance(B, list) else "-", _num(r["predicted_tok_s"]),
@@ -779,7 +780,8 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
     head = (f"{doc['url']} ({doc['endpoint']}, model {doc['model']}), max_tokens {doc['max_tokens']}, "
             f"{doc['warmup_s']:g} s warm-up + {doc['duration_s']:g} s window per N, rates x{doc['time_scale']:g} "
             f"(time scale); 95% intervals; idle = clients' time between requests; server_in_flight = mean requests "
-            f"inside the server (tr-autotune serve only)\n")
+            f"inside the server, server_tok_s = tokens/s counted as the server commits them (tr-autotune serve "
+            f"only)\n")
     return head + format_table(headers, rows) + "\n"
 
 
@@ -908,8 +910,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-retries", type=int, default=3, metavar="K", help="retries per request after a "
                    "connection error, timeout, HTTP 408/429/5xx or malformed answer (default 3); then the "
                    "benchmark stops with an error")
-    q.add_argument("--slices", type=int, default=10, metavar="K", help="most batch-means slices of the window "
-                   "(default 10; fewer when a slice would be shorter than two request lifetimes)")
+    q.add_argument("--slices", type=int, default=10, metavar="K", help="batch-means slices of the window "
+                   "(default 10): the server's committed-token count (tr-autotune serve) is read at their "
+                   "boundaries; the client-side estimate uses fewer when a slice would be shorter than two request "
+                   "lifetimes")
     q.add_argument("--time-scale", type=float, metavar="X", help="multiply measured rates by X (the server runs X "
                    "times slower than the model; default: the time_scale the server's /health reports, else 1)")
     q.add_argument("--predicted", metavar="FILE.json", help="thresholds file (tr-autotune run) or tr-optimize JSON: "

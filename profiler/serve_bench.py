@@ -22,7 +22,17 @@ server's model time when it runs time-scaled):
 * ``server_mean_in_flight``: against ``tr-autotune serve`` (whose ``/health``
   reports the integral of its in-flight count), the time-averaged number of
   requests inside the runtime over the window: N minus what the HTTP hand-offs
-  between one request and the next cost.
+  between one request and the next cost;
+* ``server_throughput_tok_s``: against ``tr-autotune serve`` (whose ``/health``
+  reports ``committed_tokens``, every token its steps have committed, and its
+  loop clock), the same throughput counted where the tokens are committed:
+  ``/health`` is read at ``slices + 1`` evenly spaced instants of the window
+  (on the client's clock), and the rate is the committed tokens between the
+  first and last reading over the server-clock time between them; its 95 %
+  interval is the ratio estimator's over the ``slices`` slices between
+  readings.  A committed token is counted at the instant of its step, not
+  spread over its request's lifetime, so slices need not span request
+  lifetimes and short windows still get ``slices`` of them.
 
 Failures: a connection error, a timeout, HTTP 408/429/5xx or a malformed
 body is retried (up to ``max_retries`` times per request, counted and
@@ -393,6 +403,9 @@ class PhaseResult:
     client_idle_fraction: float
     load_average: tuple
     server_mean_in_flight: float | None = None
+    server_throughput_tok_s: float | None = None
+    server_throughput_ci95_tok_s: float | None = None
+    server_slices: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, load_average=list(self.load_average))
@@ -478,28 +491,31 @@ def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retr
     for w in workers:
         w.thread = threading.Thread(target=client, args=(w,), name=f"serve-bench-{w.index}", daemon=True)
         w.thread.start()
-    marks: dict[str, Any] = {}
+    readings: list[dict] = []   # the server's /health counters at the window's slice boundaries
+    due = [t_start + j * duration_s / max(1, slices) for j in range(max(1, slices))] + [t_end]
 
-    def server_mark(name: str) -> None:
-        """The server's in-flight integral (tr-autotune serve's /health), when it reports one."""
+    def server_reading() -> None:
+        """tr-autotune serve's /health counters (in-flight integral, committed tokens, loop clock), if any."""
         try:
             status, doc = get_json(t, "/health", min(2.0, t.request_timeout_s))
         except BenchError:
             return
-        if status == 200 and isinstance(doc, dict) and isinstance(doc.get("in_flight_request_s"), (int, float)) \
-                and isinstance(doc.get("clock_s"), (int, float)):
-            marks[name] = (float(doc["in_flight_request_s"]), float(doc["clock_s"]))
+        if status == 200 and isinstance(doc, dict):
+            got = {k: float(doc[k]) for k in ("in_flight_request_s", "committed_tokens", "clock_s")
+                   if _finite(doc.get(k))}
+            if "clock_s" in got:
+                readings.append(got)
 
     try:
         announced = False
         while any(w.thread.is_alive() for w in workers):
             now = clock()
-            if "start" not in marks and now >= t_start and track_server:
-                server_mark("start")
-                marks.setdefault("start", None)
-            if "end" not in marks and now >= t_end and track_server:
-                server_mark("end")
-                marks.setdefault("end", None)
+            if track_server and due and now >= due[0]:
+                while due and now >= due[0]:   # a late reading stands for the boundaries it missed
+                    due.pop(0)
+                server_reading()
+                if not readings or len(readings[0]) < 2:
+                    due.clear()   # the server reports no counters (not tr-autotune serve): no more readings
             for w in workers:  # the watchdog: a whole request may not take longer than its timeout
                 since = w.attempt_since
                 if since is not None and now - since > t.request_timeout_s:
@@ -521,11 +537,48 @@ def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retr
         raise e if isinstance(e, TRError) else BenchError(f"a client failed: {_describe(e)}")
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     r = _summarize(N, records, workers, t_start, t_end, time_scale, slices, state["retries"], (load0, load1))
-    a, b = marks.get("start"), marks.get("end")
-    if a and b and b[1] > a[1]:
-        from dataclasses import replace
-        r = replace(r, server_mean_in_flight=(b[0] - a[0]) / (b[1] - a[1]))
-    return r
+    return _with_server(r, readings, time_scale)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _with_server(r: PhaseResult, readings: Sequence[dict], time_scale: float) -> PhaseResult:
+    """Add what the server's readings give: its mean in-flight count and its committed-token throughput."""
+    from dataclasses import replace
+    extra: dict[str, Any] = {}
+    for key, name in (("in_flight_request_s", "in_flight"), ("committed_tokens", "committed")):
+        pts = [(x["clock_s"], x[key]) for x in readings if key in x]
+        pts = [p for k, p in enumerate(pts) if k == 0 or p[0] > pts[k - 1][0]]   # the clock must advance
+        if len(pts) < 2:
+            continue
+        if name == "in_flight":
+            extra["server_mean_in_flight"] = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        else:
+            thr, ci, k = server_rate(pts)
+            extra.update(server_throughput_tok_s=thr * time_scale, server_throughput_ci95_tok_s=ci * time_scale,
+                         server_slices=k)
+    return replace(r, **extra) if extra else r
+
+
+def server_rate(points: Sequence[tuple[float, float]]) -> tuple[float, float, int]:
+    """Rate of a counter read at ``points`` = [(clock, count), ...] (clock increasing): (rate, 95 % half-width,
+    slices).  The rate is the count's rise over the clock's; the interval is the ratio estimator's by batch
+    means over the slices between readings (count rise d_j over duration h_j: variance of the mean rate
+    sum_j (d_j - rate * h_j)^2 / ((k - 1) k mean(h)^2), Student-t with k - 1 degrees of freedom), so unequal
+    slices (a late reading) are weighted by their length."""
+    k = len(points) - 1
+    if k < 1:
+        return math.nan, math.nan, 0
+    H = points[-1][0] - points[0][0]
+    rate = (points[-1][1] - points[0][1]) / H
+    if k < 2:
+        return rate, math.nan, k
+    d = [points[j + 1][1] - points[j][1] for j in range(k)]
+    h = [points[j + 1][0] - points[j][0] for j in range(k)]
+    var = sum((dj - rate * hj) ** 2 for dj, hj in zip(d, h)) / ((k - 1) * k * (H / k) ** 2)
+    return rate, student_t95(k - 1) * math.sqrt(var), k
 
 
 class _Stop(Exception):

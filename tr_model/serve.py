@@ -216,7 +216,9 @@ class RuntimeService:
 
     def health(self) -> dict:
         """What ``GET /health`` answers; ``in_flight_request_s`` / ``clock_s`` differences over a window give the
-        time-averaged number of requests inside the runtime (serve-bench reports it)."""
+        time-averaged number of requests inside the runtime, and ``committed_tokens`` / ``clock_s`` differences
+        the tokens committed by the runtime's steps per loop second, counted when each step commits them
+        (serve-bench reports both)."""
         active = len(self.in_flight)
         try:
             self._tick()
@@ -241,6 +243,7 @@ class RuntimeService:
                "max_concurrency": self.max_concurrency, "completed_requests": self.completed,
                "completed_tokens": self.tokens_total, "uptime_s": time.time() - self.started_at,
                "in_flight_request_s": self.in_flight_s, "clock_s": clock,
+               "committed_tokens": self.rt.committed_total,
                "thresholds": {"source": self.thresholds_label, "current": current,
                               "last_error": getattr(self.thresholds, "last_error", None), "policy": policy},
                "relative_timer_noise": getattr(self.executor, "relative_timer_noise", None),

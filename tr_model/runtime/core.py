@@ -381,6 +381,7 @@ class TokenRouterRuntime:
         self.t_start = math.inf
         self.t_end = math.inf
         self.tokens = 0.0
+        self.committed_total = 0.0  # every token committed since the start (the server's /health counter)
         self.slices: list[float] = []
         self.request_speeds: list[float] = []
         self.subservers = [Subserver(self, i) for i in range(num_models)]
@@ -415,6 +416,7 @@ class TokenRouterRuntime:
         return self.t_start <= t <= self.t_end
 
     def record_commit(self, c: float, t: float) -> None:
+        self.committed_total += c
         if self.in_window(t):
             self.tokens += c
             if self.slices:

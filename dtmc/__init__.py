@@ -89,13 +89,14 @@ def _ratio_bound(pi, err, log_bound, g, tau, n) -> float:
 
 def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
                 max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
-                max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None) -> ChainSolution:
+                max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None, tighten: bool = False) -> ChainSolution:
     """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards.
 
-    ``dco``: co-running durations (see :func:`build_chain`); ``None`` for the solo chain."""
+    ``dco``: co-running durations (see :func:`build_chain`); ``None`` for the solo chain.  ``tighten``:
+    more effort on the error bound (see :func:`dtmc.solve.stationary_distribution`)."""
     chain = build_chain(P, C, d, N, B, caps=caps, max_states=max_states, max_transitions=max_transitions,
                         dco=dco)
-    return _solve_built(chain, solver, tol, keep_pi, x0)
+    return _solve_built(chain, solver, tol, keep_pi, x0, tighten=tighten)
 
 
 def solve_policy_chain(P, C, d, N, states, launch, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
@@ -108,9 +109,9 @@ def solve_policy_chain(P, C, d, N, states, launch, caps=None, solver: str = "aut
     return _solve_built(chain, solver, tol, keep_pi, x0)
 
 
-def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0) -> ChainSolution:
+def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0, tighten: bool = False) -> ChainSolution:
     t0 = time.perf_counter()
-    st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0)
+    st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0, tighten=tighten)
     pi = st.pi
     thr = throughput_per_quantum(pi, chain.g, chain.tau)
     mw = mean_waiting(pi, chain.tau, chain.waiting)

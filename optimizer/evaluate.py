@@ -103,11 +103,16 @@ def check_representable(spec: SystemSpec, N: int, name: str = "N") -> None:
 
 def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,
                         max_states: int | None = None, round_to_grid: bool = False,
-                        cache=None) -> Evaluation:
+                        cache=None, tighten: bool = False) -> Evaluation:
     """Throughput and queue metrics of delayed batching with thresholds ``B`` at concurrency ``N``.
 
     ``cache``: a folder path or :class:`optimizer.cache.ResultCache`; results
     are looked up and stored there (keyed by everything that affects them).
+    ``tighten``: more effort on the error bound (a search's rival of B*, see
+    :func:`optimizer.optimum.tighten_rivals`): a cached result is used only when
+    its accuracy is proven, and the new result replaces the cached one under the
+    same key when its bound is at least as tight (the next run then reads the
+    tightened result).
     """
     Bt = check_thresholds(spec, N, B)
     if solver not in dtmc.SOLVERS:
@@ -126,12 +131,12 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
             cache = ResultCache(cache)
         key = evaluation_key(spec, N, Bt, solver, tol, max_states, round_to_grid)
         hit = cache.get(key, Evaluation, expect=(int(N), Bt))
-        if hit is not None:
+        if hit is not None and (not tighten or hit.accuracy_ok):
             return hit
     t0 = time.perf_counter()
     try:
         sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
-                               tol=tol, max_states=max_states, dco=dco)
+                               tol=tol, max_states=max_states, dco=dco, tighten=bool(tighten))
     except dtmc.StateLimitExceeded as e:
         if e.transitions:
             raise StateSpaceTooLarge(
@@ -168,5 +173,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         pi_error_bound=float(sol.pi_error_bound), throughput_error_bound=float(sol.throughput_error_bound),
         bound_method=sol.bound_method)
     if cache is not None and key is not None:
-        cache.put(key, ev)
+        old = hit if tighten else None
+        if old is None or not (old.throughput_error_bound < ev.throughput_error_bound):
+            cache.put(key, ev)
     return ev

@@ -7,6 +7,7 @@ Shared by the search modes (:mod:`optimizer.search`, :mod:`optimizer.branch`); s
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -123,6 +124,61 @@ def evaluate_many(spec: SystemSpec, tasks: Sequence[tuple[int, tuple[int, ...]]]
     # big chains first (large N, small thresholds) so the pool ends evenly loaded
     order = sorted(range(len(payload)), key=lambda i: (-payload[i][1], sum(payload[i][2]), i))
     return map_tasks(_eval_task, payload, workers=workers, executor=executor, progress=progress, order=order)
+
+
+def is_proven(e: Evaluation) -> bool:
+    """Whether ``e``'s throughput error bound is a proven, finite bound (not an estimate)."""
+    return math.isfinite(e.throughput_error_bound) and not str(e.bound_method).startswith("estimate")
+
+
+def b_star_rivals(evals: Iterable[Evaluation], best: Evaluation) -> list[Evaluation]:
+    """The evaluated-but-rejected chains whose accuracy is not proven within ``dtmc.ACCURACY_TOL`` and whose
+    throughput, raised by its bound, reaches B*'s lowered by its own: they could be the true best, so B* is
+    not proven among them (every one of them, when B*'s own bound is not proven)."""
+    floor = best.throughput_tok_s * (1.0 - best.throughput_error_bound) if is_proven(best) else math.inf
+    return [e for e in evals if tuple(e.B) != tuple(best.B) and not e.accuracy_ok
+            and not (is_proven(e) and e.throughput_tok_s * (1.0 + e.throughput_error_bound) < floor)]
+
+
+# solvers whose bound more effort can tighten (polishing sweeps; GTH up to a larger size for auto)
+TIGHTENABLE = ("auto", "anderson", "gauss-seidel")
+
+
+def tighten_rivals(spec: SystemSpec, opt: Optimum, *, max_rounds: int = 3, **kw) -> Optimum:
+    """``opt`` with every rival of B* (:func:`b_star_rivals`) re-solved with more effort on its error bound
+    (``evaluate_thresholds(..., tighten=True)``), until none is left, nothing more can be done, or
+    ``max_rounds`` rounds (a re-solved rival may become B*, which makes others rivals).
+
+    Only the rivals are re-solved, one at a time (each is usually one of the largest chains).  The search's
+    other fields stand: pruning compared proven bounds with the best throughput found, which only rises here;
+    a certified result's upper bound is kept, or raised to the new best.  ``kw``: the evaluation options
+    (solver, tol, cache, ...); a ``solver`` more effort cannot help (``gth``, ``direct``, ``power``)
+    returns ``opt`` unchanged.
+    """
+    if kw.get("solver", "auto") not in TIGHTENABLE or not opt.evaluations:
+        return opt
+    t0 = time.perf_counter()
+    evals = list(opt.evaluations)
+    best = opt.best
+    tried: set = set()
+    for _ in range(max_rounds):
+        todo = [e for e in b_star_rivals(evals, best) if tuple(e.B) not in tried]
+        if not todo:
+            break
+        new = {}
+        for e in todo:
+            tried.add(tuple(e.B))
+            new[tuple(e.B)] = evaluate_thresholds(spec, opt.N, e.B, tighten=True, **kw)
+        evals = [new.get(tuple(e.B), e) for e in evals]
+        best = pick_best(evals)
+    if not tried:
+        return opt
+    top = best.throughput_tok_s
+    upper = top if opt.exact else max(opt.upper_bound_tok_s, top)
+    gap = 0.0 if opt.exact else (max(0.0, (upper - top) / upper) if upper > 0 else opt.gap)
+    return _optimum(opt.N, evals, opt.seconds + (time.perf_counter() - t0), certificate=opt.certificate,
+                    upper_bound_tok_s=upper, gap=gap, pruned=opt.pruned, pruned_by=dict(opt.pruned_by),
+                    unresolved=opt.unresolved, pruned_vectors=opt.pruned_vectors)
 
 
 def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Optimum:

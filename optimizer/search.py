@@ -46,7 +46,7 @@ from typing import Sequence
 
 from optimizer.evaluate import Evaluation  # noqa: F401  (re-exported for callers of this module)
 from optimizer.optimum import (TIE_RTOL, Optimum, _optimum, evaluate_many, evaluations_table,  # noqa: F401
-                               pick_best)
+                               pick_best, tighten_rivals)
 from tr_core import feasibility as F
 from tr_core.errors import SpecError
 # the names, the auto rule and the default gap have one home (also read by the command lines' --help)
@@ -70,7 +70,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
                         search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                         time_budget_s: float | None = None, max_evaluations: int | None = None,
                         start: Sequence[int] | None = None, eager: bool = True, policies=None,
-                        boxes: bool = True,
+                        boxes: bool = True, prove: bool = True,
                         workers: int = 1, executor=None, progress=None, **kw) -> Optimum:
     """B* at concurrency N (see the module docstring for ``search``).
 
@@ -82,7 +82,19 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     all-policy bounds tighten ``upper_bound_tok_s`` (and so the gap).
     ``boxes``: in the pruned/certified modes, set large chains aside and
     prune them a box at a time (:func:`optimizer.bounds.box_bound`).
+    ``prove``: re-solve, with more effort on the error bound, every evaluated
+    but rejected chain whose bound is too loose to exclude it from B*
+    (:func:`optimizer.optimum.tighten_rivals`); False leaves them as found.
     """
+    opt = _optimize_thresholds(spec, N, candidates=candidates, search=search, max_gap=max_gap,
+                               time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
+                               eager=eager, policies=policies, boxes=boxes, workers=workers, executor=executor,
+                               progress=progress, **kw)
+    return tighten_rivals(spec, opt, **kw) if prove else opt
+
+
+def _optimize_thresholds(spec: SystemSpec, N: int, *, candidates, search, max_gap, time_budget_s, max_evaluations,
+                         start, eager, policies, boxes, workers, executor, progress, **kw) -> Optimum:
     N = F.check_n(N)
     search = _check_search(search)
     if not (0.0 <= max_gap < 1.0):
@@ -122,7 +134,8 @@ def _check_search(search: str) -> str:
 def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, executor=None, progress=None,
                    search: str = "exhaustive", max_gap: float = DEFAULT_MAX_GAP,
                    time_budget_s: float | None = None, max_evaluations: int | None = None,
-                   policy_bound_n: int | None = None, on_result=None, **kw) -> list[Optimum]:
+                   policy_bound_n: int | None = None, on_result=None, prove: bool = True,
+                   **kw) -> list[Optimum]:
     """B* for every N in ``Ns``.
 
     ``exhaustive``: all evaluations of the sweep share one pool.  Other modes
@@ -135,7 +148,8 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     modes, 0 to skip).  ``on_result(optimum)``: called once per N as soon as
     its result is final (from a helper thread when a local pool runs the
     sweep; for an exhaustive sweep on a pool, or on a Dask cluster, when the
-    pool's part that holds it returns).
+    pool's part that holds it returns).  ``prove``: as in
+    :func:`optimize_thresholds` (rivals of B* re-solved with more effort).
     """
     search = _check_search(search)
     Ns = [F.check_n(n) for n in Ns]
@@ -151,7 +165,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
             res = []
             for k, N in enumerate(Ns):
                 evals = evaluate_many(spec, [(int(N), B) for B in F.iter_feasible(N, spec.M)], **kw)
-                res.append(_optimum(int(N), evals, sum(e.seconds for e in evals)))
+                res.append(_proved(spec, _optimum(int(N), evals, sum(e.seconds for e in evals)), prove, kw))
                 on_result(res[-1])
                 if progress:
                     progress(k + 1, len(Ns))
@@ -163,7 +177,8 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         by_n: dict[int, list[Evaluation]] = {}
         for e in evals:
             by_n.setdefault(e.N, []).append(e)
-        res = [_optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])) for N in Ns]
+        res = [_proved(spec, _optimum(int(N), by_n[int(N)], sum(e.seconds for e in by_n[int(N)])), prove, kw)
+               for N in Ns]
         for o in res if on_result is not None else ():
             on_result(o)
         return res
@@ -182,7 +197,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     if policy_bound_n and policy_bound_n > 0 and not local_pool:
         policies = _policy_table(spec, policy_bound_n, kw.get("round_to_grid", False))
     common = dict(search=search, max_gap=max_gap, time_budget_s=time_budget_s, max_evaluations=max_evaluations,
-                  policies=policies, **kw)
+                  policies=policies, prove=prove, **kw)
     if (executor is not None or workers > 1) and len(order) > 1:
         # one chain of N per worker (every workers-th N, each started near its own previous B*): the
         # per-N searches are sequential inside, so whole N values are what a pool shares out well
@@ -208,6 +223,12 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         if progress:
             progress(k + 1, len(order))
     return [out[N] for N in Ns]
+
+
+def _proved(spec: SystemSpec, opt: Optimum, prove: bool, kw: dict) -> Optimum:
+    """:func:`optimizer.optimum.tighten_rivals` on an exhaustive sweep's result (in this process: the
+    rivals are few, usually none)."""
+    return tighten_rivals(spec, opt, **kw) if prove else opt
 
 
 def _policy_table(spec: SystemSpec, n: int, round_to_grid: bool):

@@ -420,23 +420,21 @@ def _compute_exact_vectors(plan: Plan, doc: dict) -> list:
     return []
 
 
-def _proven(e) -> bool:
-    return math.isfinite(e.throughput_error_bound) and not str(e.bound_method).startswith("estimate")
-
-
 def _accuracy_of(opt) -> dict:
     """Accuracy of a search result (issue 13): B*'s bound, the largest over the sweep, all bounded?  And what
     a loose bound on a rejected chain means for B* (issue 25): ``loose_rejected`` counts the evaluated but
     rejected chains whose bound is above the accuracy tolerance, ``b_star_rivals`` lists those among them
     whose throughput, raised by its bound, reaches B*'s lowered by its own (they could be the true best);
-    ``b_star_stands``: B*'s own bound is within tolerance and no rival exists."""
+    ``b_star_stands``: B*'s own bound is within tolerance and no rival exists.  The search has already
+    re-solved every rival with more effort (:func:`optimizer.optimum.tighten_rivals`): a rival listed here
+    is one that effort did not exclude."""
+    from optimizer.optimum import b_star_rivals
+
     best = opt.best
     bounds = [e.throughput_error_bound for e in opt.evaluations] or [best.throughput_error_bound]
     worst = max(bounds)
-    floor = best.throughput_tok_s * (1.0 - best.throughput_error_bound) if _proven(best) else math.inf
     loose = [e for e in opt.evaluations if tuple(e.B) != tuple(best.B) and not e.accuracy_ok]
-    rivals = [list(e.B) for e in loose
-              if not (_proven(e) and e.throughput_tok_s * (1.0 + e.throughput_error_bound) < floor)]
+    rivals = [list(e.B) for e in b_star_rivals(opt.evaluations, best)]
     return {"throughput_error_bound": best.to_dict()["throughput_error_bound"],
             "max_throughput_error_bound": worst if math.isfinite(worst) else None,
             "accuracy_ok": all(e.accuracy_ok for e in opt.evaluations) and best.accuracy_ok,
@@ -470,8 +468,8 @@ def _warn_inaccurate(doc: dict) -> None:
     if open_:
         n_riv = sum(len(r["b_star_rivals"]) for r in open_)
         parts.append(f"at N = {_ns(open_)} {n_riv} evaluated-but-rejected chain(s) could, within their bounds, "
-                     f"reach B*'s throughput (e.g. B = {_b(open_[0]['b_star_rivals'][0])}): B* is not proven "
-                     f"among them (try --solver gth or a smaller --tol)")
+                     f"reach B*'s throughput (e.g. B = {_b(open_[0]['b_star_rivals'][0])}), even re-solved with "
+                     f"more effort: B* is not proven among them (try --solver gth or a smaller --tol)")
     print(f"warning: the throughput error of {len(bad)} result(s) is not bounded within {tol} relative: "
           + "; ".join(parts) + " (see throughput_error_bound, b_star_rivals in --format json)", file=sys.stderr)
 

@@ -2,7 +2,7 @@
 side by side (issue 27, item 4's exact columns).
 
     PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 16 32 [--corun-slowdown 2.8 1.05] [--algo me]
-        [--classes busy residual window ratio] [--json rows.json]
+        [--classes busy residual window ratio] [--json rows.json] [--max-states 2000000] [--max-entries 60000000]
 
 R2R (p = 0.35, L = 6.0 / 27.9 ms) or ME (w = 0.5 / 0.3 / 0.2, L = 6.0 / 15.0 / 27.9 ms), delta = 0.1 ms;
 ``--corun-slowdown`` (one factor per model, missing ones 1.0) applies the co-running launch law with the
@@ -14,18 +14,26 @@ process, evaluated exactly in the chain under its table; bound: the all-policy b
 (bound - optimum) / bound.  Monotone: groups of configurations the optimal policy meets where the launch
 decision is not monotone in the model's own queue, ties (margin within 1e-9 of the relative values' scale)
 excluded; "all" counts them over every configuration of the process.
+
+Each row is written to ``--json`` (temp file, then rename) as soon as it is done, with the seconds of its phases
+(B*, process, optimum, value iteration for the margins, classes, monotonicity), the peak RSS so far and the load
+average.  A row whose decision process exceeds ``--max-states`` / ``--max-entries`` is recorded as infeasible
+(with the limit) and the next N is tried; the exit code is then 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import sys
 import time
 
 import numpy as np
 
-from optimizer.policy import (CLASSES, _packed, build_process, class_start, decision_margins, fit_class, greedy,
-                              monotonicity, optimal_policy, reached_configs, search_class, value_iteration)
+from optimizer.policy import (CLASSES, PolicyTooLarge, _packed, build_process, class_start, decision_margins,
+                              fit_class, greedy, monotonicity, optimal_policy, reached_configs, search_class, value_iteration)
 from optimizer.search import optimize_thresholds
 from tr_core.spec import preset
 
@@ -40,6 +48,8 @@ def main():
     ap.add_argument("--corun-slowdown", type=float, nargs="+", default=None)
     ap.add_argument("--classes", nargs="+", choices=CLASSES, default=list(CLASSES))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--max-states", type=int, default=2_000_000, help="decision-process state budget")
+    ap.add_argument("--max-entries", type=int, default=60_000_000, help="decision-process option-entry budget")
     ap.add_argument("--algo", choices=("r2r", "me"), default="r2r",
                     help="r2r: p = 0.35, L = 6.0 / 27.9 ms; me: w = (0.5, 0.3, 0.2), L = 6.0 / 15.0 / 27.9 ms")
     a = ap.parse_args()
@@ -51,19 +61,40 @@ def main():
         rnd = True
     from optimizer.policy import CLASS_PARAMS
     rows = []
+    too_large = False
+
+    def save():
+        if a.json:
+            with open(a.json + ".tmp", "w") as f:
+                json.dump(rows, f, indent=1, default=str)
+            os.replace(a.json + ".tmp", a.json)
     print("| N | B* | B* tok/s | best class | its parameters per model | class tok/s | optimum tok/s | bound tok/s "
           "| proven gap | optimum vs B* | class vs B* | class short of optimum | "
           + " | ".join(f"{c} vs B*" for c in a.classes)
           + " | non-monotone groups met / all (ties excluded) | empty batches | process states | policy chain states | s |")
-    print("|---" * (16 + len(a.classes)) + "|")
+    print("|---" * (17 + len(a.classes)) + "|")
     for N in a.N:
         t0 = time.perf_counter()
+        phase = {}
         opt = optimize_thresholds(spec, N, round_to_grid=rnd, search="pruned")
-        proc = build_process(spec, N, round_to_grid=rnd)
-        r = optimal_policy(spec, N, proc=proc, round_to_grid=rnd)
         B = tuple(opt.best_B)
         bt = opt.throughput_tok_s
+        phase["b_star"] = time.perf_counter() - t0
+        try:
+            proc = build_process(spec, N, round_to_grid=rnd, max_states=a.max_states, max_entries=a.max_entries)
+        except PolicyTooLarge as e:
+            too_large = True
+            rows.append(dict(N=N, B_star=list(B), B_star_tok_s=bt, infeasible=str(e), max_states=a.max_states,
+                             max_entries=a.max_entries, seconds=time.perf_counter() - t0,
+                             load_1min=os.getloadavg()[0]))
+            print(f"| {N} | {B} | {bt:.2f} | infeasible: {e} |", flush=True)
+            save()
+            continue
+        phase["process"] = time.perf_counter() - t0 - sum(phase.values())
+        r = optimal_policy(spec, N, proc=proc, round_to_grid=rnd)
+        phase["optimum"] = time.perf_counter() - t0 - sum(phase.values())
         h, *_ = value_iteration(proc, rtol=1e-10)
+        phase["margins_value_iteration"] = time.perf_counter() - t0 - sum(phase.values())
         choice, init = greedy(proc, h)
         met = np.isin(_packed(proc, r.table), reached_configs(proc, choice, init))
         found = {}
@@ -75,6 +106,7 @@ def main():
                 if v2 > v:
                     p, v = p2, v2
             found[c] = (p, v, nev)
+        phase["classes"] = time.perf_counter() - t0 - sum(phase.values())
         best_c = max(a.classes, key=lambda c: found[c][1])
         bp, bv, _ = found[best_c]
         # monotonicity of the optimal table, ties excluded, on the configurations it meets and on all
@@ -86,6 +118,7 @@ def main():
         nm_met = sum(m["violations"] for m in mono_met.values())
         nm_all = sum(m["violations"] for m in mono_all.values())
         nm_raw = sum(m["violations"] for m in raw_all.values())
+        phase["monotonicity"] = time.perf_counter() - t0 - sum(phase.values())
         row = dict(N=N, B_star=list(B), B_star_tok_s=bt,
                    classes={c: dict(params=list(found[c][0]), tok_s=found[c][1], evaluated=found[c][2])
                             for c in a.classes},
@@ -94,7 +127,9 @@ def main():
                    nonmonotone_met=nm_met, nonmonotone_all=nm_all, nonmonotone_all_with_ties=nm_raw,
                    monotone_example={str(k): m["example"] for k, m in mono_all.items()},
                    empty_batches=r.empty_batches, process_states=r.process_states, chain_states=r.chain_states,
-                   seconds=time.perf_counter() - t0)
+                   optimum_sweeps=r.sweeps, optimum_rounds=r.rounds, seconds=time.perf_counter() - t0,
+                   seconds_by_phase=phase, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   load_1min=os.getloadavg()[0], corun_slowdown=a.corun_slowdown, algo=a.algo)
         rows.append(row)
         pct = lambda x: f"{100 * (x / bt - 1):+.2f} %"  # noqa: E731
         print(f"| {N} | {B} | {bt:.2f} | {best_c} | {fmt(bp, CLASS_PARAMS[best_c])} | {bv:.2f} "
@@ -103,11 +138,11 @@ def main():
               + " | ".join(pct(found[c][1]) for c in a.classes)
               + f" | {nm_met} / {nm_all} ({nm_raw} with ties) | {'yes' if r.empty_batches else 'no'} "
               f"| {r.process_states:,} | {r.chain_states:,} | {row['seconds']:.0f} |", flush=True)
-        if a.json:
-            with open(a.json + ".tmp", "w") as f:
-                json.dump(rows, f, indent=1, default=str)
-            import os
-            os.replace(a.json + ".tmp", a.json)
+        save()
+    if too_large:
+        print("error: the decision process exceeded --max-states / --max-entries at some N (rows marked infeasible)",
+              file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 side by side (issue 27, item 4's exact columns).
 
     PYTHONPATH=. python benchmarks/policy_table.py --N 4 8 16 32 [--corun-slowdown 2.8 1.05] [--algo me]
-        [--classes busy residual window ratio] [--json rows.json] [--max-states 2000000] [--max-entries 60000000]
+        [--classes busy residual window ratio] [--json rows.json] [--process-max-states 2000000]
+        [--process-max-entries 60000000]
 
 R2R (p = 0.35, L = 6.0 / 27.9 ms) or ME (w = 0.5 / 0.3 / 0.2, L = 6.0 / 15.0 / 27.9 ms), delta = 0.1 ms;
 ``--corun-slowdown`` (one factor per model, missing ones 1.0) applies the co-running launch law with the
@@ -17,8 +18,8 @@ excluded; "all" counts them over every configuration of the process.
 
 Each row is written to ``--json`` (temp file, then rename) as soon as it is done, with the seconds of its phases
 (B*, process, optimum, value iteration for the margins, classes, monotonicity), the peak RSS so far and the load
-average.  A row whose decision process exceeds ``--max-states`` / ``--max-entries`` is recorded as infeasible
-(with the limit) and the next N is tried; the exit code is then 3.
+average.  A row whose all-policy process exceeds ``--process-max-states`` / ``--process-max-entries`` is recorded
+as infeasible (with the limit) and the next N is tried; the exit code is then 3.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import time
 import numpy as np
 
 from optimizer.policy import (CLASSES, PolicyTooLarge, _packed, build_process, class_start, decision_margins,
-                              fit_class, greedy, monotonicity, optimal_policy, reached_configs, search_class, value_iteration)
+                              fit_class, greedy, monotonicity, optimal_policy, reached_configs, search_class,
+                              value_iteration)
 import optimizer.policy as P
 from optimizer.search import optimize_thresholds
 from tr_core.spec import preset
@@ -49,8 +51,9 @@ def main():
     ap.add_argument("--corun-slowdown", type=float, nargs="+", default=None)
     ap.add_argument("--classes", nargs="+", choices=CLASSES, default=list(CLASSES))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--max-states", type=int, default=2_000_000, help="decision-process state budget")
-    ap.add_argument("--max-entries", type=int, default=60_000_000, help="decision-process option-entry budget")
+    ap.add_argument("--process-max-states", type=int, default=2_000_000, help="all-policy process state budget")
+    ap.add_argument("--process-max-entries", type=int, default=60_000_000,
+                    help="all-policy process option-entry budget")
     ap.add_argument("--algo", choices=("r2r", "me"), default="r2r",
                     help="r2r: p = 0.35, L = 6.0 / 27.9 ms; me: w = (0.5, 0.3, 0.2), L = 6.0 / 15.0 / 27.9 ms")
     a = ap.parse_args()
@@ -92,11 +95,13 @@ def main():
         bt = opt.throughput_tok_s
         phase["b_star"] = time.perf_counter() - t0
         try:
-            proc = build_process(spec, N, round_to_grid=rnd, max_states=a.max_states, max_entries=a.max_entries)
+            proc = build_process(spec, N, round_to_grid=rnd, max_states=a.process_max_states,
+                                 max_entries=a.process_max_entries)
         except PolicyTooLarge as e:
             too_large = True
-            rows.append(dict(N=N, B_star=list(B), B_star_tok_s=bt, infeasible=str(e), max_states=a.max_states,
-                             max_entries=a.max_entries, seconds=time.perf_counter() - t0,
+            rows.append(dict(N=N, B_star=list(B), B_star_tok_s=bt, infeasible=str(e),
+                             process_max_states=a.process_max_states,
+                             process_max_entries=a.process_max_entries, seconds=time.perf_counter() - t0,
                              load_1min=os.getloadavg()[0]))
             print(f"| {N} | {B} | {bt:.2f} | infeasible: {e} |", flush=True)
             save()
@@ -156,8 +161,8 @@ def main():
               f"| {r.process_states:,} | {r.chain_states:,} | {row['seconds']:.0f} |", flush=True)
         save()
     if too_large:
-        print("error: the decision process exceeded --max-states / --max-entries at some N (rows marked infeasible)",
-              file=sys.stderr)
+        print("error: the all-policy process exceeded --process-max-states / --process-max-entries at some N "
+              "(rows marked infeasible)", file=sys.stderr)
         sys.exit(3)
 
 

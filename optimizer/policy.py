@@ -13,7 +13,8 @@ The exact chain accepts such a table instead of thresholds (:func:`dtmc.solve_po
 vector is the table ``launch_j = idle_j and k_j >= B_j``.
 
 **Solving it** (:func:`optimal_policy`): relative value iteration (damped Gauss-Seidel sweeps of
-``h <- g - lam tau + max_options h``, the kernels of the bound) until the certificate bracket
+``h <- g - lam tau + max_options h`` in reverse discovery order, ``lam`` moved to the bracket's midpoint every
+4 sweeps, one compiled loop: :func:`optimizer._kernels.mdp_solve`) until the certificate bracket
 ``min_s D(h) <= optimum <= max_s D(h)``, ``D = (g + Q*h - h) / tau``, is within ``rtol``; the greedy policy
 of ``h`` is extracted and evaluated *exactly* in the chain under its table (GTH or Anderson with their proven
 error bounds).  The **proven gap** is ``(U - T_low) / U`` with ``U = max_s D(h)`` the all-policy bound (valid
@@ -179,29 +180,27 @@ def _unpack(proc: Process, keys) -> np.ndarray:
 
 
 def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200_000, omega: float = 0.7,
-                    h: np.ndarray | None = None) -> tuple[np.ndarray, float, float, int]:
+                    h: np.ndarray | None = None, floor_rtol: float = 1e-8,
+                    every: int = 4) -> tuple[np.ndarray, float, float, int]:
     """Relative value iteration until the certificate bracket is within ``rtol``: ``(h, lower, upper, sweeps)``
-    in tokens per quantum (``upper`` is proven for every policy, ``lower`` for the process optimum)."""
+    in tokens per quantum (``upper`` is proven for every policy, ``lower`` for the process optimum).
+
+    One compiled loop (:func:`optimizer._kernels.mdp_solve`): reverse-order damped Gauss-Seidel sweeps, the
+    bracket and ``lam`` every ``every`` sweeps; it also stops where the bracket no longer narrows (rounding)
+    once it is within ``floor_rtol``."""
     from optimizer import _kernels as K
 
     n = proc.n
-    per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
-    terms = int(per_state.max()) + 8 if n else 8
     h = np.zeros(n) if h is None else np.array(h, dtype=np.float64)
+    if n == 0:
+        return h, -math.inf, math.inf, 0
+    per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
+    terms = int(per_state.max()) + 8
     lam = float(np.sum(proc.g) / np.sum(proc.tau))
-    lo_b, hi_b = -math.inf, math.inf
-    sweeps, step = 0, 8
-    while True:
-        K.mdp_sweeps(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h, lam, step,
-                     float(omega))
-        sweeps += step
-        a, b, mag = K.mdp_bracket(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h)
-        err = mag * 4 * terms * np.finfo(np.float64).eps
-        lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)
-        lam = 0.5 * (lo_b + hi_b)
-        if hi_b - lo_b <= rtol * abs(hi_b) or sweeps >= max_sweeps:
-            return h, lo_b, hi_b, sweeps
-        step = min(2 * step, 64)
+    lo_b, hi_b, sweeps, _brackets = K.mdp_solve(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g,
+                                                proc.tau, h, lam, float(omega), max(1, int(every)), float(rtol),
+                                                float(max(floor_rtol, rtol)), int(max_sweeps), terms)
+    return h, float(lo_b), float(hi_b), int(sweeps)
 
 
 def _choice_states(proc: Process, choice: np.ndarray, init_choice: int) -> np.ndarray:
@@ -216,6 +215,21 @@ def policy_matrix(proc: Process, choice: np.ndarray):
     rows = np.repeat(np.arange(proc.n), np.diff(proc.out_ptr))
     cols = _choice_states(proc, choice, 0)
     return sp.csr_matrix((proc.out_prob, (rows, cols)), shape=(proc.n, proc.n))
+
+
+def _evaluation_matrix(proc: Process, choice: np.ndarray, ref: int):
+    """``I - P`` of the policy over the whole process with column ``ref`` replaced by the unit vector (CSC): the
+    relative-value equations ``(I - P) h = g - T tau`` with ``h[ref] = 0`` (the unknown in that place is the
+    residual of row ``ref``, 0 when ``T`` is the policy's gain)."""
+    import scipy.sparse as sp
+
+    n = proc.n
+    rows = np.repeat(np.arange(n), np.diff(proc.out_ptr))
+    cols = _choice_states(proc, choice, 0)
+    keep = cols != ref
+    eye = np.arange(n)
+    return sp.csc_matrix((np.concatenate([np.ones(n), -proc.out_prob[keep]]),
+                          (np.concatenate([eye, rows[keep]]), np.concatenate([eye, cols[keep]]))), shape=(n, n))
 
 
 def greedy(proc: Process, h: np.ndarray) -> tuple[np.ndarray, int]:
@@ -257,13 +271,12 @@ def optimal_policy(spec: SystemSpec, N: int, *, round_to_grid: bool = False, rto
                    target_gap: float = 1e-6, max_rounds: int = 5, max_states: int = 2_000_000,
                    proc: Process | None = None) -> PolicyResult:
     """The optimal launch policy at N with its exact throughput and the proven gap to the all-policy bound."""
-    import scipy.sparse as sp
     import scipy.sparse.linalg as spla
 
     t0 = time.perf_counter()
     if proc is None:
         proc = build_process(spec, N, round_to_grid=round_to_grid, max_states=max_states)
-    h, lo_b, hi_b, sweeps = value_iteration(proc, rtol=rtol)
+    h, lo_b, hi_b, sweeps = value_iteration(proc, rtol=rtol, floor_rtol=0.01 * target_gap)
     scale = 1000.0 / spec.delta_ms
     rounds = 0
     while True:
@@ -277,11 +290,7 @@ def optimal_policy(spec: SystemSpec, N: int, *, round_to_grid: bool = False, rto
             break
         # policy iteration: relative values of this policy over the whole process, then improve
         rounds += 1
-        A = (sp.identity(proc.n, format="csr") - policy_matrix(proc, choice)).tolil()
-        ref = int(proc.init_opts[init])
-        A[:, ref] = 0.0
-        A[ref, ref] = 1.0
-        hp = spla.spsolve(A.tocsc(), proc.g - T * proc.tau)
+        hp = spla.spsolve(_evaluation_matrix(proc, choice, int(proc.init_opts[init])), proc.g - T * proc.tau)
         if not np.all(np.isfinite(hp)):
             break
         h = hp

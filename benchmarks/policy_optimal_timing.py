@@ -1,0 +1,144 @@
+"""The optimal launch policy's speed (issue 27, target 3): the solver before and after, side by side in one run,
+next to the B* search and the `residual` class search of the same N.
+
+    PYTHONPATH=. python benchmarks/policy_optimal_timing.py --N 16 32 48 64 [--corun-slowdown 2.8 1.05]
+        [--repeats 3] [--old-max-n 64] [--no-bstar] [--no-residual]
+
+R2R (p = 0.35, L = 6.0 / 27.9 ms, delta = 0.1 ms); ``--corun-slowdown`` applies the co-running launch law with
+the latencies rounded to the grid (as ``benchmarks/policy_table.py``).
+
+* **old**: ``optimizer.policy.optimal_policy`` as it was at cb7b026, restated here (:func:`old_optimal`): value
+  iteration with forward Gauss-Seidel sweeps in blocks of 8, 16, 32, then 64 sweeps between brackets (``lam``
+  moves only at a bracket), to ``rtol = 1e-10``; then the greedy table, its exact chain and the empty-batch check.
+* **new**: ``optimizer.policy.optimal_policy`` of this tree (one compiled loop, reverse sweeps, the bracket and
+  ``lam`` every 4 sweeps, same ``rtol``).
+* Both times include building the decision process (the same code); "s" columns are wall seconds, "cpu s" the
+  process's CPU seconds (less sensitive to other load on a shared machine).  The new path is repeated
+  ``--repeats`` times when one run is under 20 s (median); the old path and the searches run once.
+* **B\\* s**: ``optimizer.search.optimize_thresholds(spec, N, search="auto")`` (what ``tr-optimize`` runs per N,
+  one worker); **residual s**: ``tr_model.launch_policy.class_policy(spec, N, "residual", B*)`` (``tr-optimize
+  --policy residual``: the process and the steepest ascent from B*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from optimizer import _kernels as K  # noqa: E402
+from optimizer import policy as POL  # noqa: E402
+from tr_core.spec import preset  # noqa: E402
+
+
+def old_value_iteration(proc, rtol=1e-10, max_sweeps=200_000, omega=0.7):
+    """The value iteration of ``optimizer.policy`` at cb7b026 (before issue 27, target 3)."""
+    n = proc.n
+    per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
+    terms = int(per_state.max()) + 8 if n else 8
+    h = np.zeros(n)
+    lam = float(np.sum(proc.g) / np.sum(proc.tau))
+    lo_b, hi_b = -math.inf, math.inf
+    sweeps, step = 0, 8
+    while True:
+        K.mdp_sweeps(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h, lam, step,
+                     float(omega))
+        sweeps += step
+        a, b, mag = K.mdp_bracket(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h)
+        err = mag * 4 * terms * np.finfo(np.float64).eps
+        lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)
+        lam = 0.5 * (lo_b + hi_b)
+        if hi_b - lo_b <= rtol * abs(hi_b) or sweeps >= max_sweeps:
+            return h, lo_b, hi_b, sweeps
+        step = min(2 * step, 64)
+
+
+def old_optimal(spec, N, rnd):
+    """The old ``optimal_policy`` (its policy-iteration fallback never ran in these cases: reported if needed)."""
+    t0 = time.perf_counter()
+    proc = POL.build_process(spec, N, round_to_grid=rnd)
+    h, lo_b, hi_b, sweeps = old_value_iteration(proc)
+    choice, init = POL.greedy(proc, h)
+    table = POL.table_of(proc, choice, init)
+    sol = POL.evaluate_table(spec, N, table, d=proc.d, dco=proc.dco)
+    T = sol.throughput_per_quantum
+    gap = (hi_b - T * (1.0 - sol.throughput_error_bound)) / hi_b
+    POL._uses_empty(proc, table, choice, init)
+    scale = 1000.0 / spec.delta_ms
+    return {"T": T * scale, "U": hi_b * scale, "gap": gap, "sweeps": sweeps, "n": proc.n,
+            "s": time.perf_counter() - t0}
+
+
+def timed(fn, *args, **kw):
+    w, c = time.perf_counter(), time.process_time()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--N", type=int, nargs="+", default=[16, 32, 48, 64])
+    ap.add_argument("--corun-slowdown", type=float, nargs=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--old-max-n", type=int, default=64, help="run the old path only up to this N")
+    ap.add_argument("--no-bstar", action="store_true")
+    ap.add_argument("--no-residual", action="store_true")
+    a = ap.parse_args()
+    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    rnd = False
+    if a.corun_slowdown:
+        spec = spec.with_corun(list(a.corun_slowdown))
+        rnd = True
+    case = f"co-running x{a.corun_slowdown[0]:g}/{a.corun_slowdown[1]:g}" if a.corun_slowdown else "solo"
+    print(f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start; R2R p = 0.35, "
+          f"L = 6.0 / 27.9 ms, {case}", flush=True)
+    # compile / load every kernel once, outside the timings
+    POL.optimal_policy(spec, 2, round_to_grid=rnd)
+    old_optimal(spec, 2, rnd)
+    print("| case | N | process states | old sweeps | old s (cpu s) | new sweeps | new s (cpu s) | old / new (cpu) "
+          "| optimum tok/s | old - new, relative | old gap | new gap | B* s | residual s | residual vs optimum "
+          "| load |")
+    print("|---" * 16 + "|", flush=True)
+    for N in a.N:
+        runs = []
+        for _ in range(max(1, a.repeats)):
+            r, w, c = timed(POL.optimal_policy, spec, N, round_to_grid=rnd)
+            runs.append((w, c, r))
+            if w > 20.0:
+                break
+        w_new = statistics.median(x[0] for x in runs)
+        c_new = statistics.median(x[1] for x in runs)
+        r = runs[0][2]
+        if N <= a.old_max_n:
+            o, w_old, c_old = timed(old_optimal, spec, N, rnd)
+            old = (f"{o['sweeps']:,} | {w_old:.1f} ({c_old:.1f}) | ", f"{w_old / w_new:.1f} ({c_old / c_new:.1f})",
+                   f"{(o['T'] - r.throughput_tok_s) / r.throughput_tok_s:.1e}", f"{o['gap']:.1e}")
+        else:
+            old = ("- | - | ", "-", "-", "-")
+        bs, rs, rv = "-", "-", "-"
+        if not a.no_bstar:
+            from optimizer.search import optimize_thresholds
+            opt, wb, _ = timed(optimize_thresholds, spec, N, search="auto", round_to_grid=rnd)
+            bs = f"{wb:.1f}"
+            if not a.no_residual:
+                from tr_model.launch_policy import class_policy
+                cp, wr, _ = timed(class_policy, spec, N, "residual", opt.best_B, round_to_grid=rnd)
+                rs = f"{wr:.1f}"
+                rv = f"{(cp.throughput_tok_s - r.throughput_tok_s) / r.throughput_tok_s:+.1e}"
+        print(f"| {case} | {N} | {r.process_states:,} | {old[0]}{r.sweeps:,} | {w_new:.1f} ({c_new:.1f}) "
+              f"[{len(runs)}] | {old[1]} | {r.throughput_tok_s:.6f} | {old[2]} | {old[3]} | {r.gap:.1e} | {bs} | "
+              f"{rs} | {rv} | {os.getloadavg()[0]:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -108,10 +108,13 @@ GTH_CHEAP_WORK = 2e8
 GTH_CHEAP_NNZ = 300_000   # above this many transitions the cheap re-solve is not even planned
 GTH_MAX_WORK = 2e10
 GTH_MAX_BYTES = 2 * 2**30
-# A converged iterate whose tree bound is above ACCURACY_TARGET is polished by at most this many plain
-# Gauss-Seidel sweeps (rounds of 2, 4, 8, ... while the bound keeps falling; see polish); with
-# ``tighten`` (a search's rival of B*) by at most TIGHT_POLISH_SWEEPS, and auto then runs GTH up to
-# GTH_TIGHT_WORK (~10-50 s) when the bound is still above ACCURACY_TOL.
+# A converged iterate whose throughput bound is above POLISH_ABOVE (= ACCURACY_TOL: the chains that would be
+# flagged; below, the cost would buy nothing a result reports) is polished by at most POLISH_SWEEPS plain
+# Gauss-Seidel sweeps (rounds of 2, 4, 8, ... while the bound keeps falling; see polish), aiming at
+# ACCURACY_TARGET; with ``tighten`` (a search's rival of B*) from ACCURACY_TARGET up, by at most
+# TIGHT_POLISH_SWEEPS, and auto then runs GTH up to GTH_TIGHT_WORK (~10-50 s) when the bound is still above
+# ACCURACY_TOL.
+POLISH_ABOVE = ACCURACY_TOL
 POLISH_SWEEPS = 16
 TIGHT_POLISH_SWEEPS = 512
 GTH_TIGHT_WORK = 2e11
@@ -206,9 +209,10 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     component (see :func:`bound_error`, and :func:`gth` for the GTH bound).
     With ``solver="auto"`` an iterate whose bound would leave the throughput
     error above ``ACCURACY_TARGET`` is replaced by a GTH solve when GTH fits
-    (``GTH_MAX_WORK``, ``GTH_MAX_BYTES``).  Before that, an ``anderson`` or
-    ``auto`` iterate whose bound is above ``ACCURACY_TARGET`` is polished by
-    plain Gauss-Seidel sweeps (:func:`polish`, at most ``POLISH_SWEEPS``).
+    (``GTH_MAX_WORK``, ``GTH_MAX_BYTES``).  Before that, an ``anderson``,
+    ``gauss-seidel`` or ``auto`` iterate whose throughput bound is above
+    ``POLISH_ABOVE`` (1e-6) is polished by plain Gauss-Seidel sweeps
+    (:func:`polish`, at most ``POLISH_SWEEPS``).
     ``tighten``: more effort for a result whose bound matters (a search's
     rival of B*): up to ``TIGHT_POLISH_SWEEPS`` sweeps, and ``auto`` runs GTH
     up to ``GTH_TIGHT_WORK``.  Raises :class:`DTMCError` when the
@@ -464,7 +468,7 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         L = float("inf")
         if used is not None:
             L = _tree_log_bound(T, TT, x)
-            if throughput_bound(float(np.expm1(L)), n) > ACCURACY_TARGET:
+            if throughput_bound(float(np.expm1(L)), n) > (ACCURACY_TARGET if tighten else POLISH_ABOVE):
                 # the far, improbable states are not converged *relatively* (see polish): a few plain sweeps
                 x, L, k = polish(T, TT, x, L, max_sweeps=TIGHT_POLISH_SWEEPS if tighten else POLISH_SWEEPS)
                 if k:
@@ -511,7 +515,7 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
     sweeps, res = K.gauss_seidel(_i64(TT.indptr), _i64(TT.indices), TT.data, x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
         L = _tree_log_bound(T, TT, x)
-        if throughput_bound(float(np.expm1(L)), n) > ACCURACY_TARGET:
+        if throughput_bound(float(np.expm1(L)), n) > (ACCURACY_TARGET if tighten else POLISH_ABOVE):
             x, L, k = polish(T, TT, x, L, max_sweeps=TIGHT_POLISH_SWEEPS if tighten else POLISH_SWEEPS)
             sweeps += k
         return x, "gauss-seidel", int(sweeps), L, "tree bound", (None, None)

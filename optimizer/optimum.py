@@ -6,6 +6,7 @@ Shared by the search modes (:mod:`optimizer.search`, :mod:`optimizer.branch`); s
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -140,6 +141,7 @@ def b_star_rivals(evals: Iterable[Evaluation], best: Evaluation) -> list[Evaluat
             and not (is_proven(e) and e.throughput_tok_s * (1.0 + e.throughput_error_bound) < floor)]
 
 
+_EVALUATION_OPTIONS = frozenset(inspect.signature(evaluate_thresholds).parameters) - {"spec", "N", "B", "tighten"}
 # solvers whose bound more effort can tighten (polishing sweeps; GTH up to a larger size for auto)
 TIGHTENABLE = ("auto", "anderson", "gauss-seidel")
 
@@ -157,6 +159,8 @@ def tighten_rivals(spec: SystemSpec, opt: Optimum, *, max_rounds: int = 3, **kw)
     """
     if kw.get("solver", "auto") not in TIGHTENABLE or not opt.evaluations:
         return opt
+    # the evaluation's own options only (a search's options, e.g. the pruned search's stats=, pass through kw)
+    kw = {k: v for k, v in kw.items() if k in _EVALUATION_OPTIONS}
     t0 = time.perf_counter()
     evals = list(opt.evaluations)
     best = opt.best

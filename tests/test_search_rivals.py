@@ -217,3 +217,13 @@ def test_cli_default_search_ends_without_warning_when_a_rival_was_loose(loose_fi
     res = json.loads(r.stdout)["results"][0]
     assert res["b_star_stands"] is True and res["b_star_rivals"] == [] and res["accuracy_ok"] is True
     assert loose_first["tightened"] == [(1, 1)]
+
+
+def test_search_options_do_not_reach_the_re_solve(loose_first):
+    """The pruned search's own options (stats=, passed through the search's keywords) stay with the search."""
+    from tr_model.cli import _accuracy_of
+
+    loose_first["targets"] = {(1, 1)}
+    stats = {}
+    opt = optimize_thresholds(R2R, 8, search="pruned", stats=stats)
+    assert _accuracy_of(opt)["b_star_stands"] and loose_first["tightened"] == [(1, 1)]

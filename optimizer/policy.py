@@ -74,9 +74,10 @@ class PolicyTable:
         """``{"schema_version": 1, "N": .., "entries": [{"k": [...], "b": [...], "r_quanta": [...],
         "launch": [...]}, ...]}`` (only configurations with an idle model carry a decision)."""
         idle = (self.states[:, :, 2] == 0).any(axis=1)
-        rows = [{"k": [int(x) for x in s[:, 0]], "b": [int(x) for x in s[:, 1]],
-                 "r_quanta": [int(x) for x in s[:, 2]], "launch": [bool(x) for x in lm]}
-                for s, lm in zip(self.states[idle], self.launch[idle])]
+        S = np.asarray(self.states[idle], dtype=np.int64)
+        cols = (S[:, :, 0].tolist(), S[:, :, 1].tolist(), S[:, :, 2].tolist(),
+                np.asarray(self.launch[idle], dtype=bool).tolist())
+        rows = [{"k": k, "b": b, "r_quanta": r, "launch": lm} for k, b, r, lm in zip(*cols)]
         return {"schema_version": 1, "N": self.N, "entries": rows}
 
 

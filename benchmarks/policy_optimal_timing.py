@@ -15,6 +15,8 @@ the latencies rounded to the grid (as ``benchmarks/policy_table.py``).
 * Both times include building the decision process (the same code); "s" columns are wall seconds, "cpu s" the
   process's CPU seconds (less sensitive to other load on a shared machine).  The new path is repeated
   ``--repeats`` times when one run is under 20 s (median); the old path and the searches run once.
+* **alt-rtol**: the new path once more with ``rtol = --alt-rtol`` (value iteration only to what the 1e-6 gap
+  target needs, a policy-iteration fallback behind it).
 * **B\\* s**: ``optimizer.search.optimize_thresholds(spec, N, search="auto")`` (what ``tr-optimize`` runs per N,
   one worker); **residual s**: ``tr_model.launch_policy.class_policy(spec, N, "residual", B*)`` (``tr-optimize
   --policy residual``: the process and the steepest ascent from B*).
@@ -92,6 +94,8 @@ def main() -> int:
     ap.add_argument("--old-max-n", type=int, default=64, help="run the old path only up to this N")
     ap.add_argument("--no-bstar", action="store_true")
     ap.add_argument("--no-residual", action="store_true")
+    ap.add_argument("--alt-rtol", type=float, default=1e-8, help="also run the new path once with this value-iteration "
+                    "tolerance (the default 1e-10 keeps the optimum exact to rounding; the gap target is 1e-6)")
     a = ap.parse_args()
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     rnd = False
@@ -105,9 +109,9 @@ def main() -> int:
     POL.optimal_policy(spec, 2, round_to_grid=rnd)
     old_optimal(spec, 2, rnd)
     print("| case | N | process states | old sweeps | old s (cpu s) | new sweeps | new s (cpu s) | old / new (cpu) "
-          "| optimum tok/s | old - new, relative | old gap | new gap | B* s | residual s | residual vs optimum "
-          "| load |")
-    print("|---" * 16 + "|", flush=True)
+          "| optimum tok/s | old - new, relative | old gap | new gap | alt-rtol sweeps | alt-rtol s (cpu s) "
+          "| alt-rtol - new, relative | alt-rtol gap | B* s (cpu s) | residual s (cpu s) | residual vs optimum | load |")
+    print("|---" * 20 + "|", flush=True)
     for N in a.N:
         runs = []
         for _ in range(max(1, a.repeats)):
@@ -124,18 +128,21 @@ def main() -> int:
                    f"{(o['T'] - r.throughput_tok_s) / r.throughput_tok_s:.1e}", f"{o['gap']:.1e}")
         else:
             old = ("- | - | ", "-", "-", "-")
+        ra, w_alt, c_alt = timed(POL.optimal_policy, spec, N, round_to_grid=rnd, rtol=a.alt_rtol)
+        alt = (f"{ra.sweeps:,} | {w_alt:.1f} ({c_alt:.1f}) | "
+               f"{(ra.throughput_tok_s - r.throughput_tok_s) / r.throughput_tok_s:.1e} | {ra.gap:.1e}")
         bs, rs, rv = "-", "-", "-"
         if not a.no_bstar:
             from optimizer.search import optimize_thresholds
-            opt, wb, _ = timed(optimize_thresholds, spec, N, search="auto", round_to_grid=rnd)
-            bs = f"{wb:.1f}"
+            opt, wb, cb = timed(optimize_thresholds, spec, N, search="auto", round_to_grid=rnd)
+            bs = f"{wb:.1f} ({cb:.1f})"
             if not a.no_residual:
                 from tr_model.launch_policy import class_policy
-                cp, wr, _ = timed(class_policy, spec, N, "residual", opt.best_B, round_to_grid=rnd)
-                rs = f"{wr:.1f}"
+                cp, wr, cr = timed(class_policy, spec, N, "residual", opt.best_B, round_to_grid=rnd)
+                rs = f"{wr:.1f} ({cr:.1f})"
                 rv = f"{(cp.throughput_tok_s - r.throughput_tok_s) / r.throughput_tok_s:+.1e}"
         print(f"| {case} | {N} | {r.process_states:,} | {old[0]}{r.sweeps:,} | {w_new:.1f} ({c_new:.1f}) "
-              f"[{len(runs)}] | {old[1]} | {r.throughput_tok_s:.6f} | {old[2]} | {old[3]} | {r.gap:.1e} | {bs} | "
+              f"[{len(runs)}] | {old[1]} | {r.throughput_tok_s:.6f} | {old[2]} | {old[3]} | {r.gap:.1e} | {alt} | {bs} | "
               f"{rs} | {rv} | {os.getloadavg()[0]:.1f} |", flush=True)
     return 0
 

@@ -13,8 +13,9 @@ The exact chain accepts such a table instead of thresholds (:func:`dtmc.solve_po
 vector is the table ``launch_j = idle_j and k_j >= B_j``.
 
 **Solving it** (:func:`optimal_policy`): relative value iteration (damped Gauss-Seidel sweeps of
-``h <- g - lam tau + max_options h`` in reverse discovery order, ``lam`` moved to the bracket's midpoint every
-4 sweeps, one compiled loop: :func:`optimizer._kernels.mdp_solve`) until the certificate bracket
+``h <- g - lam tau + max_options h`` in reverse discovery order, ``lam`` re-estimated from the relative values
+of a few reference states before every sweep, one compiled loop: :func:`optimizer._kernels.mdp_solve`) until
+the certificate bracket
 ``min_s D(h) <= optimum <= max_s D(h)``, ``D = (g + Q*h - h) / tau``, is within ``rtol``; the greedy policy
 of ``h`` is extracted and evaluated *exactly* in the chain under its table (GTH or Anderson with their proven
 error bounds).  The **proven gap** is ``(U - T_low) / U`` with ``U = max_s D(h)`` the all-policy bound (valid
@@ -181,14 +182,14 @@ def _unpack(proc: Process, keys) -> np.ndarray:
 
 
 def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200_000, omega: float = 0.7,
-                    h: np.ndarray | None = None, floor_rtol: float = 1e-8,
-                    every: int = 4) -> tuple[np.ndarray, float, float, int]:
+                    h: np.ndarray | None = None, floor_rtol: float = 1e-8, every: int = 8,
+                    nref: int = 16) -> tuple[np.ndarray, float, float, int]:
     """Relative value iteration until the certificate bracket is within ``rtol``: ``(h, lower, upper, sweeps)``
     in tokens per quantum (``upper`` is proven for every policy, ``lower`` for the process optimum).
 
-    One compiled loop (:func:`optimizer._kernels.mdp_solve`): reverse-order damped Gauss-Seidel sweeps, the
-    bracket and ``lam`` every ``every`` sweeps; it also stops where the bracket no longer narrows (rounding)
-    once it is within ``floor_rtol``."""
+    One compiled loop (:func:`optimizer._kernels.mdp_solve`): reverse-order damped Gauss-Seidel sweeps, ``lam``
+    re-estimated before every sweep from ``nref`` reference states (0: the bracket's midpoint), the bracket every
+    ``every`` sweeps; it also stops where the bracket no longer narrows (rounding) once within ``floor_rtol``."""
     from optimizer import _kernels as K
 
     n = proc.n
@@ -199,8 +200,9 @@ def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200
     terms = int(per_state.max()) + 8
     lam = float(np.sum(proc.g) / np.sum(proc.tau))
     lo_b, hi_b, sweeps, _brackets = K.mdp_solve(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g,
-                                                proc.tau, h, lam, float(omega), max(1, int(every)), float(rtol),
-                                                float(max(floor_rtol, rtol)), int(max_sweeps), terms)
+                                                proc.tau, h, lam, float(omega), max(1, int(every)),
+                                                max(0, int(nref)), float(rtol), float(max(floor_rtol, rtol)),
+                                                int(max_sweeps), terms)
     return h, float(lo_b), float(hi_b), int(sweeps)
 
 

@@ -1181,3 +1181,231 @@ def greedy_choice(nu, opt_ptr, opt_idx, h, tie):
                 best = h[opt_idx[e]]
                 ch[u] = e - opt_ptr[u]
     return ch
+
+
+# ---------------------------------------------------------------------------------------------
+# Compact policy classes (issue 27) without the all-policy process: the class rule decided in a kernel
+# (:func:`class_launch`) and the configurations the chain under it meets (:func:`class_reach`), so a class
+# is evaluated on exactly the configurations its chain visits (``optimizer.policy.class_chain_table``).
+
+CLS_BUSY = 0
+CLS_RESIDUAL = 1
+CLS_WINDOW = 2
+CLS_RATIO = 3
+RULE_BIG = np.int64(1) << 40     # "no running batch" / "never" in the rule's comparisons
+
+
+@njit(cache=True)
+def _class_mask(cls, k, b, r, par, order, caps, d, dco, R, Bb):
+    """The launch bits (bit j: idle model j launches) of class ``cls`` with parameters ``par`` (M, P) in the
+    pre-decision configuration (k, b, r); never an empty batch.  ``order``: the models by step length (the
+    ``ratio`` class decides in that order); ``R``, ``Bb``: scratch of M entries.  The rule is the one of
+    ``optimizer.policy.class_table`` (see there), configuration by configuration."""
+    M = k.shape[0]
+    mask = np.int64(0)
+    if cls == CLS_RATIO:
+        for j in range(M):
+            R[j] = r[j]
+            Bb[j] = b[j]
+        for q in range(M):
+            j = order[q]
+            other = False
+            wait = False
+            for i in range(M):
+                if i == j or R[i] <= 0:
+                    continue
+                other = True
+                t = R[i]
+                arriving = np.int64(0)
+                for l in range(M):
+                    if l != j and R[l] > 0 and R[l] <= t:
+                        arriving += Bb[l]
+                if t * k[j] <= par[j, 1] * arriving:
+                    wait = True
+            b0 = par[j, 0] if par[j, 0] > 1 else np.int64(1)
+            if r[j] == 0 and k[j] >= b0 and not wait:
+                take = k[j] if k[j] < caps[j] else caps[j]
+                R[j] = dco[j, take] if other else d[j, take]
+                Bb[j] = take
+                mask |= np.int64(1) << j
+        return mask
+    for j in range(M):
+        if r[j] > 0:
+            continue
+        other = False
+        rmin = RULE_BIG
+        for i in range(M):
+            if i != j and r[i] > 0:
+                other = True
+                if r[i] < rmin:
+                    rmin = r[i]
+        if cls == CLS_WINDOW:
+            thr = RULE_BIG if rmin <= par[j, 1] else par[j, 0]
+        else:
+            thr = par[j, 1] if other else par[j, 0]
+            if cls == CLS_RESIDUAL and other:
+                take = k[j] if k[j] < caps[j] else caps[j]
+                if rmin < dco[j, take]:
+                    thr = par[j, 2]
+        if thr < 1:
+            thr = np.int64(1)
+        if k[j] >= thr:
+            mask |= np.int64(1) << j
+    return mask
+
+
+@njit(cache=True)
+def class_launch(cls, K, Bb, R, par, order, caps, d, dco):
+    """:func:`_class_mask` over many configurations ((n, M) arrays k, b, r): (n, M) launch booleans."""
+    n, M = K.shape
+    out = np.zeros((n, M), dtype=np.bool_)
+    k = np.zeros(M, dtype=np.int64)
+    b = np.zeros(M, dtype=np.int64)
+    r = np.zeros(M, dtype=np.int64)
+    sR = np.zeros(M, dtype=np.int64)
+    sB = np.zeros(M, dtype=np.int64)
+    for s in range(n):
+        for j in range(M):
+            k[j] = K[s, j]
+            b[j] = Bb[s, j]
+            r[j] = R[s, j]
+        mask = _class_mask(cls, k, b, r, par, order, caps, d, dco, sR, sB)
+        for j in range(M):
+            out[s, j] = (mask >> j) & 1 == 1
+    return out
+
+
+@njit(cache=True)
+def _apply_launch(k, b, r, mask, caps, d, dco, corun, M):
+    """The chain's launch law (``dtmc``'s): every model of ``mask`` launches ``min(k_j, cap_j)``; with
+    ``corun`` a launch gets ``dco`` when another model runs here (``r > 0``) or launches in the same pass.
+    Returns whether some model runs afterwards."""
+    co = False
+    if corun:
+        running = 0
+        launching = 0
+        for j in range(M):
+            if (mask >> j) & 1:
+                launching += 1
+            elif r[j] > 0:
+                running += 1
+        co = running > 0 or launching > 1
+    busy = False
+    for j in range(M):
+        if (mask >> j) & 1:
+            take = k[j] if k[j] < caps[j] else caps[j]
+            b[j] = take
+            k[j] -= take
+            r[j] = dco[j, take] if co else d[j, take]
+        if r[j] > 0:
+            busy = True
+    return busy
+
+
+@njit(cache=True)
+def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, bn, br, max_states):
+    """Breadth-first enumeration of the chain under class ``cls`` (:func:`_class_mask`), deciding each
+    pre-decision configuration with the rule when it is first met.
+
+    Returns ``(status, n, ckeys, cmask, nc)``: ``n`` states (post-decision, as the chain's), the ``nc``
+    packed pre-decision configurations met (the initial one first) and their launch bits.  ``status``: OK,
+    TOO_LARGE (more than ``max_states`` states) or DEADLOCK (a decision leaves no model running)."""
+    M = caps.shape[0]
+    cap = 1024
+    keys = np.empty(cap, dtype=np.int64)
+    ckeys = np.empty(cap, dtype=np.int64)
+    cmask = np.empty(cap, dtype=np.int64)
+    tkeys = np.full(4096, EMPTY, dtype=np.int64)
+    tvals = np.empty(4096, dtype=np.int64)
+    ckt = np.full(4096, EMPTY, dtype=np.int64)
+    ckv = np.empty(4096, dtype=np.int64)
+    k = np.zeros(M, dtype=np.int64)
+    b = np.zeros(M, dtype=np.int64)
+    r = np.zeros(M, dtype=np.int64)
+    k2 = np.zeros(M, dtype=np.int64)
+    b2 = np.zeros(M, dtype=np.int64)
+    r2 = np.zeros(M, dtype=np.int64)
+    sR = np.zeros(M, dtype=np.int64)
+    sB = np.zeros(M, dtype=np.int64)
+    done = np.zeros(M, dtype=np.int64)
+    idx = np.zeros(M, dtype=np.int64)
+    clo = np.zeros(M, dtype=np.int64)
+    chi = np.zeros(M, dtype=np.int64)
+
+    k[0] = N
+    ckeys[0] = _pack(k, b, r, M, bn, br)
+    cmask[0] = _class_mask(cls, k, b, r, par, order, caps, d, dco, sR, sB)
+    _find(ckt, ckv, ckeys[0], I0)
+    nc = I1
+    if not _apply_launch(k, b, r, cmask[0], caps, d, dco, corun, M):
+        return DEADLOCK, 0, ckeys, cmask, nc
+    keys[0] = _pack(k, b, r, M, bn, br)
+    _find(tkeys, tvals, keys[0], I0)
+    n = I1
+    head = 0
+    while head < n:
+        _unpack(keys[head], k, b, r, M, bn, br)
+        t = np.int64(1) << 62
+        for i in range(M):
+            if r[i] > 0 and r[i] < t:
+                t = r[i]
+        na = I0
+        for i in range(M):
+            if r[i] > 0 and r[i] == t:
+                done[na] = i
+                clo[na] = offsets[b[i]]
+                chi[na] = offsets[b[i] + 1]
+                idx[na] = clo[na]
+                na += 1
+        while True:
+            p = 1.0
+            for a in range(na):
+                p *= prob[done[a], idx[a]]
+            if p > 0.0:
+                for i in range(M):
+                    k2[i] = k[i]
+                    if r[i] > 0 and r[i] != t:
+                        b2[i] = b[i]
+                        r2[i] = r[i] - t
+                    else:
+                        b2[i] = 0
+                        r2[i] = 0
+                for a in range(na):
+                    c = idx[a]
+                    for j in range(M):
+                        k2[j] += parts[c, j]
+                ck = _pack(k2, b2, r2, M, bn, br)
+                ci, ins = _find(ckt, ckv, ck, nc)
+                if ins:
+                    if nc >= ckeys.shape[0]:
+                        ckeys = _grow(ckeys, nc + 1)
+                        cmask = _grow(cmask, nc + 1)
+                    ckeys[nc] = ck
+                    cmask[nc] = _class_mask(cls, k2, b2, r2, par, order, caps, d, dco, sR, sB)
+                    nc += 1
+                    if 2 * nc > ckt.shape[0]:
+                        ckt, ckv = _rehash(ckeys, nc, ckt.shape[0] * 2)
+                if not _apply_launch(k2, b2, r2, cmask[ci], caps, d, dco, corun, M):
+                    return DEADLOCK, n, ckeys, cmask, nc
+                key = _pack(k2, b2, r2, M, bn, br)
+                _ix, ins = _find(tkeys, tvals, key, n)
+                if ins:
+                    if n >= max_states:
+                        return TOO_LARGE, n + 1, ckeys, cmask, nc
+                    if n >= keys.shape[0]:
+                        keys = _grow(keys, n + 1)
+                    keys[n] = key
+                    n += 1
+                    if 2 * n > tkeys.shape[0]:
+                        tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
+            a = na - 1
+            while a >= 0:
+                idx[a] += 1
+                if idx[a] < chi[a]:
+                    break
+                idx[a] = clo[a]
+                a -= 1
+            if a < 0:
+                break
+        head += 1
+    return OK, n, ckeys, cmask, nc

@@ -30,11 +30,16 @@ B[j][busy]``; ``residual`` = a third threshold while the others' earliest batch 
 step would; ``window`` = a threshold and a time window per model: wait while another model's batch ends
 within ``W_j`` quanta; ``ratio`` = the same window scaled by the requests about to return over the own
 queue, the models deciding in turn (fastest first) and seeing the batches just launched.  Each is evaluated exactly through the same table mechanism and searched by steepest ascent from
-``B*`` (a heuristic; its value is exact, its optimality within the class is not proven).
+``B*`` (a heuristic; its value is exact, its optimality within the class is not proven).  A class is a rule,
+so its table is only needed where its chain goes: :func:`class_chain_table` decides each configuration with
+the compiled rule (:func:`class_rule`) as the chain's breadth-first enumeration first meets it, without the
+all-policy process (whose size limits :func:`class_table` to ME N <= 3); :func:`search_class` does so when
+given no process.
 
 Supported: M >= 2 (``2^free`` options per configuration, so M = 2-3 in practice), constant and
 batch-dependent latencies, caps and co-running (the process applies the launch law, as bound 4 does).
-The only limit is the size of the process (``max_states``).
+The only limit is the size of the process (``max_states``); a compact class without the process is limited
+by its own chain only.
 """
 
 from __future__ import annotations
@@ -494,23 +499,130 @@ def threshold_table(proc: Process, B) -> PolicyTable:
     return class_table(proc, "busy", [(int(b), int(b)) for b in B])
 
 
+@dataclass(frozen=True)
+class RuleGrid:
+    """What a compact class's rule and its chain need at N, without the all-policy process: the step
+    lengths in quanta (``d``; ``dco`` with co-running, else None), the batch caps, the routing outcomes and
+    the key packing (the chain's).  A :class:`Process` carries the same ``N``, ``d``, ``dco`` and ``caps``."""
+
+    spec: SystemSpec
+    N: int
+    d: np.ndarray = field(repr=False)
+    dco: np.ndarray | None = field(repr=False)
+    caps: np.ndarray = field(repr=False)
+    outcomes: tuple = field(repr=False)
+    bn: int
+    br: int
+
+    @property
+    def M(self) -> int:
+        return self.spec.M
+
+
+def rule_grid(spec: SystemSpec, N: int, *, round_to_grid: bool = False) -> RuleGrid:
+    """The :class:`RuleGrid` of ``spec`` at N (cheap: no enumeration)."""
+    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+
+    N = int(N)
+    d = np.ascontiguousarray(_quanta(spec, N, round_to_grid), dtype=np.int64)
+    dco = _corun_quanta(spec, N, round_to_grid)
+    dco = None if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
+    dmax = int(d.max()) if dco is None else int(max(d.max(), dco.max()))
+    bn, br = max(1, N.bit_length()), max(1, dmax.bit_length())
+    if spec.M * (2 * bn + br) > 62:
+        raise PolicyTooLarge(f"a state of M = {spec.M} models at N = {N} needs {spec.M * (2 * bn + br)} bits "
+                             f"(62 fit); use a coarser --delta-ms")
+    return RuleGrid(spec, N, d, dco, spec.caps(N).astype(np.int64),
+                    _outcomes(N, spec.M, np.ascontiguousarray(spec.P)), bn, br)
+
+
+_CLASS_CODE = {"busy": 0, "residual": 1, "window": 2, "ratio": 3}
+
+
+def _rule_args(grid, cls: str, params):
+    """The kernel arguments of class ``cls``'s rule on a :class:`RuleGrid` or :class:`Process`."""
+    if cls not in CLASSES:
+        raise ValueError(f"unknown policy class {cls!r}; choose one of {', '.join(CLASSES)}")
+    M = grid.M
+    par = np.ascontiguousarray(np.asarray(params, dtype=np.int64).reshape(M, CLASS_PARAMS[cls]))
+    order = np.array(sorted(range(M), key=lambda m: (int(grid.d[m, 1]), m)), dtype=np.int64)
+    d = np.ascontiguousarray(grid.d, dtype=np.int64)
+    dco = d if grid.dco is None else np.ascontiguousarray(grid.dco, dtype=np.int64)
+    return _CLASS_CODE[cls], par, order, np.ascontiguousarray(grid.caps, dtype=np.int64), d, dco
+
+
+def class_rule(grid, cls: str, params, states) -> np.ndarray:
+    """The launch bits ((n, M) booleans) of class ``cls`` in the pre-decision configurations ``states``
+    ((n, M, 3) rows of k, b, r) on a :class:`RuleGrid` or :class:`Process`: the compiled rule that
+    :func:`class_chain_table` applies (the same decisions as :func:`class_table`'s, which is its reference)."""
+    from optimizer import _kernels as K
+
+    code, par, order, caps, d, dco = _rule_args(grid, cls, params)
+    S = np.asarray(states, dtype=np.int64)
+    return K.class_launch(code, np.ascontiguousarray(S[:, :, 0]), np.ascontiguousarray(S[:, :, 1]),
+                          np.ascontiguousarray(S[:, :, 2]), par, order, caps, d, dco)
+
+
+@dataclass(frozen=True)
+class ReachedTable:
+    """A class's table over the configurations its chain meets (:func:`class_chain_table`)."""
+
+    table: PolicyTable
+    chain_states: int          # the chain's states (post-decision), as :func:`dtmc.solve_policy_chain` finds
+    seconds: float
+
+
+def class_chain_table(spec: SystemSpec, N: int, cls: str, params, *, round_to_grid: bool = False,
+                      grid: RuleGrid | None = None, max_states: int = 20_000_000) -> ReachedTable:
+    """The table of a compact class over exactly the pre-decision configurations its chain meets, without
+    the all-policy process: a breadth-first enumeration of the chain under the class's rule
+    (:func:`optimizer._kernels.class_reach`) decides each configuration when it is first met.  Its decisions
+    are :func:`class_table`'s on every configuration (same rule; tested against it), and
+    :func:`evaluate_table` on it is the class's exact chain.
+
+    Raises :class:`dtmc.DTMCError` when the rule deadlocks (no model runs after a decision) and
+    :class:`PolicyTooLarge` beyond ``max_states`` chain states."""
+    from dtmc import DTMCError, policy_configs
+    from optimizer import _kernels as K
+
+    t0 = time.perf_counter()
+    if grid is None:
+        grid = rule_grid(spec, N, round_to_grid=round_to_grid)
+    code, par, order, caps, d, dco = _rule_args(grid, cls, params)
+    offsets, parts, prob = grid.outcomes
+    st, n, ckeys, cmask, nc = K.class_reach(grid.N, code, par, order, caps, d, dco, grid.dco is not None, offsets,
+                                            parts, prob, grid.bn, grid.br, int(max_states))
+    if st == K.TOO_LARGE:
+        raise PolicyTooLarge(f"the chain of class {cls} {tuple(int(x) for x in par.ravel())} at N = {grid.N} "
+                             f"has more than {max_states:,} states")
+    if st == K.DEADLOCK:
+        raise DTMCError(f"class {cls} {tuple(int(x) for x in par.ravel())} reaches a configuration where no "
+                        f"model runs (deadlock)")
+    keys = ckeys[:nc]
+    order_k = np.argsort(keys, kind="mergesort")
+    S = policy_configs(keys[order_k], grid.M, grid.N, (1 << grid.br) - 1)
+    mask = cmask[:nc][order_k]
+    launch = ((mask[:, None] >> np.arange(grid.M, dtype=np.int64)[None, :]) & 1).astype(bool)
+    return ReachedTable(PolicyTable(grid.N, S, launch), int(n), time.perf_counter() - t0)
+
+
 def class_start(cls: str, B) -> list[int]:
     """A class's parameters equal to the threshold vector ``B`` (the search's start; windows 0)."""
     return [0 if w else int(b) for b in B for w in _WINDOW_PARAM[cls]]
 
 
-def fit_class(proc: Process, cls: str, table: PolicyTable, only=None) -> list[int]:
+def fit_class(proc: Process | None, cls: str, table: PolicyTable, only=None) -> list[int]:
     """The member of class ``window`` that agrees with ``table`` (e.g. the optimal policy's) on the most
     decisions of the rows in ``only`` (default all), model by model (a model's decisions in this class depend
     on its own parameters only); candidate windows are the residuals met there.  A start for
     :func:`search_class` where a steepest ascent from B* stalls (a class member far from B* in several
-    parameters at once)."""
+    parameters at once).  ``proc`` is not needed (the table has N and M)."""
     if cls != "window":
         raise ValueError(f"fit_class supports 'window', not {cls!r}")
     S, L = table.states, table.launch
     if only is not None:
         S, L = S[only], L[only]
-    M, N = proc.M, proc.N
+    M, N = table.states.shape[1], table.N
     big = np.int64(1) << 40
     running = S[:, :, 2] > 0
     out: list[int] = []
@@ -532,20 +644,39 @@ def fit_class(proc: Process, cls: str, table: PolicyTable, only=None) -> list[in
     return out
 
 
-def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, max_evals: int = 400):
+def class_value(spec: SystemSpec, N: int, proc: Process | None, cls: str, params, *, round_to_grid: bool = False,
+                grid: RuleGrid | None = None, max_states: int = 20_000_000):
+    """The exact chain of a class member (a :class:`dtmc.ChainSolution`): over the process's configurations
+    (:func:`class_table`) when ``proc`` is given, else over the configurations its chain meets
+    (:func:`class_chain_table`, no process; ``grid`` saves recomputing the step tables)."""
+    if proc is not None:
+        return evaluate_table(spec, N, class_table(proc, cls, params), d=proc.d, dco=proc.dco)
+    if grid is None:
+        grid = rule_grid(spec, N, round_to_grid=round_to_grid)
+    tab = class_chain_table(spec, N, cls, params, grid=grid, max_states=max_states).table
+    return evaluate_table(spec, N, tab, d=grid.d, dco=grid.dco)
+
+
+def search_class(spec: SystemSpec, N: int, proc: Process | None, cls: str, start, *, max_evals: int = 400,
+                 round_to_grid: bool = False, progress=None, max_states: int = 20_000_000):
     """Steepest ascent over ``+-1`` moves of a class's thresholds from ``start`` (and jumps to 1 and to N + 1,
     never) and moves of ``+-1, 2, 4, ...`` quanta up to the longest step of its windows (``>= 0``, and a jump
     to 0); ``(params, tok/s, evaluated)``.
 
+    ``proc`` None: each member is evaluated on the configurations its own chain meets
+    (:func:`class_chain_table`), without the all-policy process (the same values; ``round_to_grid`` as the
+    process would have used; :class:`PolicyTooLarge` when a member's chain exceeds ``max_states``).
+    ``progress(params, tok/s)``: called at each improvement.
     A parameter set whose chain deadlocks is skipped.  A heuristic: the value is exact, the optimality in
     the class is not proven."""
     from dtmc import DTMCError
 
     scale = 1000.0 / spec.delta_ms
     cache: dict = {}
+    grid = proc if proc is not None else rule_grid(spec, N, round_to_grid=round_to_grid)
 
-    win = _WINDOW_PARAM[cls] * proc.M
-    dlong = int(proc.d.max()) if proc.dco is None else int(max(proc.d.max(), proc.dco.max()))
+    win = _WINDOW_PARAM[cls] * grid.M
+    dlong = int(grid.d.max()) if grid.dco is None else int(max(grid.d.max(), grid.dco.max()))
     wbits = max(1, dlong.bit_length())
 
     def val(p):
@@ -555,8 +686,8 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
                 cache[p] = -math.inf
             else:
                 try:
-                    cache[p] = evaluate_table(spec, N, class_table(proc, cls, p), d=proc.d,
-                                              dco=proc.dco).throughput_per_quantum * scale
+                    cache[p] = class_value(spec, N, proc, cls, p, grid=None if proc is not None else grid,
+                                           max_states=max_states).throughput_per_quantum * scale
                 except DTMCError:
                     cache[p] = -math.inf
         return cache[p]
@@ -574,6 +705,8 @@ def search_class(spec: SystemSpec, N: int, proc: Process, cls: str, start, *, ma
                 v = val(q)
                 if v > best * (1 + 1e-12):
                     best, nxt = v, tuple(q)
+        if nxt is not None and progress is not None:
+            progress(nxt, best)
         if nxt is None:
             break
         cur = nxt

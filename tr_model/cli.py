@@ -543,8 +543,7 @@ def _compute_policies(plan: Plan, doc: dict) -> None:
                        "thresholds": [list(x) for x in res.params], "throughput_tok_s": res.throughput_tok_s,
                        "throughput_error_bound": res.throughput_error_bound,
                        "gain_vs_b_star": res.throughput_tok_s / r["throughput_tok_s"] - 1.0,
-                       "evaluated": res.evaluated, "process_states": res.process_states,
-                       "chain_states": res.chain_states, "seconds": res.seconds,
+                       "evaluated": res.evaluated, "chain_states": res.chain_states, "seconds": res.seconds,
                        "certificate": "local (steepest ascent from B*: exact value, not proven optimal in the class)"}
 
 

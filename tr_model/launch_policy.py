@@ -43,7 +43,6 @@ class ClassPolicy:
     throughput_error_bound: float  # relative, proven (dtmc)
     start_tok_s: float             # the same chain machinery at B (the class's threshold policy)
     evaluated: int
-    process_states: int
     chain_states: int
     seconds: float
 
@@ -60,20 +59,28 @@ def class_policy(spec: SystemSpec, N: int, cls: str, B, *, round_to_grid: bool =
                  max_states: int = 2_000_000, max_evals: int = 400) -> ClassPolicy:
     """Search class ``cls`` at N from the threshold vector ``B`` (normally B*(N)).
 
-    Raises :class:`optimizer.policy.PolicyTooLarge` when the decision process exceeds ``max_states``."""
+    Each member is evaluated exactly on the configurations its own chain meets
+    (:func:`optimizer.policy.class_chain_table`), without the all-policy decision process.
+    Raises :class:`optimizer.policy.PolicyTooLarge` when a member's chain exceeds ``max_states``."""
     from optimizer import policy as POL
 
     check_policy_class(cls)
     t0 = time.perf_counter()
     N = int(N)
-    proc = POL.build_process(spec, N, round_to_grid=round_to_grid, max_states=max_states)
+    grid = POL.rule_grid(spec, N, round_to_grid=round_to_grid)
     start = POL.class_start(cls, B)
     scale = 1000.0 / spec.delta_ms
-    base = POL.evaluate_table(spec, N, POL.class_table(proc, cls, start), d=proc.d, dco=proc.dco)
-    params, best, evaluated = POL.search_class(spec, N, proc, cls, start, max_evals=max_evals)
+
+    def value(p):
+        tab = POL.class_chain_table(spec, N, cls, p, grid=grid, max_states=max_states).table
+        return POL.evaluate_table(spec, N, tab, d=grid.d, dco=grid.dco)
+
+    base = value(start)
+    params, best, evaluated = POL.search_class(spec, N, None, cls, start, max_evals=max_evals,
+                                               round_to_grid=round_to_grid, max_states=max_states)
     if best < base.throughput_per_quantum * scale:  # the ascent never leaves a better start
         params, best = tuple(start), base.throughput_per_quantum * scale
-    sol = POL.evaluate_table(spec, N, POL.class_table(proc, cls, params), d=proc.d, dco=proc.dco)
+    sol = value(params)
     k = POL.CLASS_PARAMS[cls]
     rows = []
     for j in range(spec.M):
@@ -89,7 +96,7 @@ def class_policy(spec: SystemSpec, N: int, cls: str, B, *, round_to_grid: bool =
                        throughput_tok_s=float(sol.throughput_per_quantum * scale),
                        throughput_error_bound=float(sol.throughput_error_bound),
                        start_tok_s=float(base.throughput_per_quantum * scale), evaluated=int(evaluated),
-                       process_states=int(proc.n), chain_states=int(sol.states), seconds=time.perf_counter() - t0)
+                       chain_states=int(sol.states), seconds=time.perf_counter() - t0)
 
 
 def threshold_row_fields(cls: str, B) -> dict:

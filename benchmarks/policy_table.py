@@ -129,7 +129,9 @@ def main():
             bt, bt_err = ev.throughput_tok_s, ev.throughput_error_bound
             cert = given[N].get("how", "given")
         else:
-            opt = optimize_thresholds(spec, N, round_to_grid=rnd, search=a.b_star_search, start=a.b_star_start)
+            # a local B* is certified by the all-policy bound below, so its rivals are not re-solved
+            opt = optimize_thresholds(spec, N, round_to_grid=rnd, search=a.b_star_search, start=a.b_star_start,
+                                      prove=a.b_star_search == "pruned")
             B, bt, cert = tuple(opt.best_B), opt.throughput_tok_s, opt.certificate
             bt_err = opt.best.throughput_error_bound
         phase["b_star"] = time.perf_counter() - t0

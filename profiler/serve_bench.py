@@ -14,7 +14,8 @@ server's model time when it runs time-scaled):
   evenly over its lifetime (send to answer) and integrated over the window;
   95 % interval by batch means over slices of the window, each slice at least
   two mean request lifetimes long (adjacent slices share requests, so shorter
-  slices would understate the variance);
+  slices would understate the variance), never fewer than two slices, and no
+  interval (nan) for a window shorter than two lifetimes;
 * **per-request speed**: mean of tokens / lifetime over the requests sent and
   answered inside the window, with a Student-t 95 % interval;
 * ``llm_ratio``: token-weighted mean of the server's ``llm_ratio`` (R2R's
@@ -605,7 +606,7 @@ def _summarize(N, records, workers, t_start, t_end, time_scale, slices, retries,
     tokens = sum(acc)
     rates = [x / width * time_scale for x in acc]
     thr = tokens / W * time_scale
-    if k >= 2:
+    if k >= 2 and not (W < 2 * mean_life):   # slices under one lifetime share most requests: no interval
         m = sum(rates) / k
         sd = math.sqrt(sum((x - m) ** 2 for x in rates) / (k - 1))
         ci = student_t95(k - 1) * sd / math.sqrt(k)

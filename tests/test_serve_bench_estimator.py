@@ -71,6 +71,8 @@ def test_client_side_slices_are_at_least_two_lifetimes_and_never_fewer_than_two(
             t += life
     r = sb._summarize(2, recs, [], 1.0, 11.0, 1.0, 10, 0, (0.0, 0.0))
     assert r.slices == k and r.throughput_tok_s == pytest.approx(20.0 / life)
+    # a window under two lifetimes has slices under one: requests spanning both make them agree, no interval
+    assert math.isnan(r.throughput_ci95_tok_s) == (life > 5.0)
 
 
 # --------------------------------------------------------------------------- the runtime's own count, virtual clock

@@ -85,14 +85,17 @@ def block(a, env, path: str, seed: int) -> dict:
             "retries": r.retries, "late_ms": late, "load": list(r.load_average), "policy": h["thresholds"].get("policy")}
 
 
-def exact_at(a, L, cls, params, B, delta_ms) -> tuple[float, float]:
-    """(B* tok/s, policy tok/s) of the exact chains at step lengths ``L`` on a ``delta_ms`` grid."""
+def exact_at(a, late, cls, params, B, delta_ms) -> tuple[float, float]:
+    """(B* tok/s, policy tok/s) of the exact chains on a ``delta_ms`` grid with every step ``late`` ms (per model)
+    longer than the spec's: solo steps ``L_i + late_i`` and, with co-running, ``f_i L_i + late_i`` (the lateness
+    is the wake-up after a step's deadline, whatever the step's length)."""
     import tr_model
     from optimizer import policy as POL
 
-    spec = tr_model.preset("r2r", list(L), p=a.p, delta_ms=delta_ms)
+    spec = tr_model.preset("r2r", [x + y for x, y in zip(a.L, late)], p=a.p, delta_ms=delta_ms)
     if a.corun_slowdown:
-        spec = spec.with_corun(list(a.corun_slowdown))
+        spec = spec.with_corun([{"batch_size": [1], "step_latency_ms": [f * x + y]}
+                                for f, x, y in zip(a.corun_slowdown, a.L, late)])
     b = tr_model.evaluate(spec, a.N, tuple(B), round_to_grid=True).throughput_tok_s
     proc = POL.build_process(spec, a.N, round_to_grid=True)
     flat = [a.N + 1 if x is None else int(x) for row in params for x in row]
@@ -159,15 +162,14 @@ def main() -> int:
     late = [sum(b["late_ms"][i] for b in blocks) / len(blocks) for i in range(2)]
     for b in blocks:   # each block against the chain at its own late steps (the lateness moves with the load)
         try:
-            pair = exact_at(a, [a.L[0] + b["late_ms"][0], a.L[1] + b["late_ms"][1]], a.policy, params, B,
-                            a.exact_delta_ms)
+            pair = exact_at(a, b["late_ms"], a.policy, params, B, a.exact_delta_ms)
             b["exact_late_tok_s"] = pair[0 if b["thresholds"] == "B" else 1]
         except Exception:  # noqa: BLE001 - reported as missing
             b["exact_late_tok_s"] = math.nan
         print(f"# block {b['block']} ({b['thresholds']}): exact at its late steps {b['exact_late_tok_s']:.2f}, measured "
               f"/ that {b['server_tok_s'] / b['exact_late_tok_s']:.4f}", flush=True)
     try:
-        ex_late = exact_at(a, [a.L[0] + late[0], a.L[1] + late[1]], a.policy, params, B, a.exact_delta_ms)
+        ex_late = exact_at(a, late, a.policy, params, B, a.exact_delta_ms)
     except Exception as e:  # noqa: BLE001 - report and go on
         print(f"# exact at the late steps: {type(e).__name__}: {e}", flush=True)
         ex_late = (math.nan, math.nan)

@@ -218,3 +218,22 @@ def test_serve_bench_reads_the_servers_counter_at_the_slice_boundaries(mode, tmp
     else:
         assert row["server_throughput_tok_s"] is None and row["server_slices"] is None
         assert first.split()[-2:] == ["-", "-"]
+
+
+# ------------------------------------------------------------------ the emulator's lateness under each co-running law
+
+
+@pytest.mark.parametrize("law", ["solo", "launch", "shared"])
+def test_the_emulator_counts_each_models_steps_and_lateness_under_every_law(law):
+    """serve-bench's callers read the step lateness per model from /health (timer_by_model) to evaluate the chain
+    at the steps actually run; the co-running laws used to leave it at zero steps (benchmarks/RESULTS.md, N = 16
+    co-running over HTTP).  On the virtual clock every step ends exactly on time: lateness 0, every step counted."""
+    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    kw = {"launch": {"corun_latency_ms": lambda i, b: 1.5 * SPEC.latency_ms(i, b)},
+          "shared": {"corun_slowdown": [[1.0, 1.5], [1.05, 1.0]]}}.get(law, {})
+    ex = EmulatedExecutor(SPEC.latency_ms, **kw)
+    r = measure_closed_loop(SPEC, 4, (1, 2), ex, duration_s=2.0, warmup_s=0.0, clock="virtual",
+                            max_output_tokens=10 ** 9)
+    assert set(ex.steps_by_model) == {0, 1} and all(n > 0 for n in ex.steps_by_model.values())
+    assert sum(ex.steps_by_model.values()) == ex.steps >= sum(r.steps)
+    assert ex.overshoot_s_by_model == {0: 0.0, 1: 0.0} and r.relative_timer_noise == 0.0

@@ -93,29 +93,29 @@ class EmulatedExecutor(StepExecutor):
         nominal = ms * self.time_scale / 1000.0
         if self.corun_latency_ms is not None:
             co = self.corun_latency_ms(model, len(batch)) * self.time_scale / 1000.0 + (nominal - base_s)
-            await self._launch_law_step(loop, model, nominal, co)
-            self.nominal_s_total += nominal
-            self.steps += 1
-            return None
-        if self.corun is not None:
-            await self._shared_step(loop, model, nominal)
-            self.nominal_s_total += nominal
-            self.steps += 1
-            return None
-        deadline = loop.time() + nominal
-        self._ends[model] = deadline
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            await asyncio.sleep(left)
-        late = loop.time() - deadline
-        self.overshoot_s_total += late
-        self.nominal_s_total += nominal
-        self.steps += 1
-        self.overshoot_s_by_model[model] = self.overshoot_s_by_model.get(model, 0.0) + late
-        self.steps_by_model[model] = self.steps_by_model.get(model, 0) + 1
+            late = await self._launch_law_step(loop, model, nominal, co)
+        elif self.corun is not None:
+            late = await self._shared_step(loop, model, nominal)
+        else:
+            deadline = loop.time() + nominal
+            self._ends[model] = deadline
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.sleep(left)
+            late = loop.time() - deadline
+        self._account(model, nominal, late)
         return None
+
+    def _account(self, model: int, nominal_s: float, late_s: float) -> None:
+        """One finished step: its nominal length and how late its end was processed (every law: the wake-up
+        after the step's deadline, whether a sleep or a timer callback ends it)."""
+        self.overshoot_s_total += late_s
+        self.nominal_s_total += nominal_s
+        self.steps += 1
+        self.overshoot_s_by_model[model] = self.overshoot_s_by_model.get(model, 0.0) + late_s
+        self.steps_by_model[model] = self.steps_by_model.get(model, 0) + 1
 
     def step_end(self, model: int) -> float | None:
         """Loop time at which ``model``'s running step ends (None when it runs none)."""
@@ -128,7 +128,7 @@ class EmulatedExecutor(StepExecutor):
         return self._ends.get(model)
 
     # ---- co-running, launch law: the duration is fixed at launch by whether another model runs ------------
-    async def _launch_law_step(self, loop: Any, model: int, solo_s: float, co_s: float) -> None:
+    async def _launch_law_step(self, loop: Any, model: int, solo_s: float, co_s: float) -> float:
         now = loop.time()
         eps = 1e-9 + 1e-12 * abs(now)
         beside = any(k != model and (e["end"] > now + eps or abs(e["start"] - now) <= eps)
@@ -148,6 +148,7 @@ class EmulatedExecutor(StepExecutor):
             if self._law.get(model) is entry:  # cancelled (the run ended)
                 entry["handle"].cancel()
                 del self._law[model]
+        return max(0.0, loop.time() - entry["end"])   # entry["end"]: the final deadline (co-running may move it)
 
     def _law_done(self, model: int, entry: dict) -> None:
         if self._law.get(model) is entry:
@@ -176,11 +177,12 @@ class EmulatedExecutor(StepExecutor):
     def _complete(self, loop: Any, model: int) -> None:
         self._advance(loop.time())
         e = self._running.pop(model)
+        e["due"] = e["handle"].when()   # the step's last deadline (the wake-up lateness is measured from it)
         if not e["fut"].done():
             e["fut"].set_result(None)
         self._reschedule(loop)
 
-    async def _shared_step(self, loop: Any, model: int, nominal_s: float) -> None:
+    async def _shared_step(self, loop: Any, model: int, nominal_s: float) -> float:
         """A step of ``nominal_s`` seconds of solo work; the set of running models (it changes only when a step
         starts or ends) sets every running step's rate, as in ``simulator.simulate``'s ``corun_slowdown``."""
         self._advance(loop.time())
@@ -196,6 +198,7 @@ class EmulatedExecutor(StepExecutor):
                 entry["handle"].cancel()
                 del self._running[model]
                 self._reschedule(loop)
+        return max(0.0, loop.time() - entry["due"])
 
     @property
     def relative_timer_noise(self) -> float:

@@ -7,12 +7,14 @@ next to the B* search and the `residual` class search of the same N.
 R2R (p = 0.35, L = 6.0 / 27.9 ms, delta = 0.1 ms); ``--corun-slowdown`` applies the co-running launch law with
 the latencies rounded to the grid (as ``benchmarks/policy_table.py``).
 
-* **old**: ``optimizer.policy.optimal_policy`` as it was at cb7b026, restated here (:func:`old_optimal`): value
-  iteration with forward Gauss-Seidel sweeps in blocks of 8, 16, 32, then 64 sweeps between brackets (``lam``
-  moves only at a bracket), to ``rtol = 1e-10``; then the greedy table, its exact chain and the empty-batch check.
+* **old**: ``optimizer.policy.optimal_policy`` as it was at cb7b026, restated here (:func:`old_optimal`) over the
+  kernels of that commit (``optimizer/_kernels.py`` read from git, so the process build is the old one too):
+  value iteration with forward Gauss-Seidel sweeps in blocks of 8, 16, 32, then 64 sweeps between brackets
+  (``lam`` moves only at a bracket), to ``rtol = 1e-10``; then the greedy table, its exact chain and the
+  empty-batch check.
 * **new**: ``optimizer.policy.optimal_policy`` of this tree (one compiled loop, reverse sweeps, the bracket and
   ``lam`` every 4 sweeps, same ``rtol``).
-* Both times include building the decision process (the same code); "s" columns are wall seconds, "cpu s" the
+* Both times include building the decision process (old: the kernel of cb7b026; new: this tree's); "s" columns are wall seconds, "cpu s" the
   process's CPU seconds (less sensitive to other load on a shared machine).  The new path is repeated
   ``--repeats`` times when one run is under 20 s (median); the old path and the searches run once.
 * **alt-rtol**: the new path once more with ``rtol = --alt-rtol`` (value iteration only to what the 1e-6 gap
@@ -37,9 +39,60 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from optimizer import _kernels as K  # noqa: E402
 from optimizer import policy as POL  # noqa: E402
 from tr_core.spec import preset  # noqa: E402
+
+OLD_REV = "cb7b026"
+
+
+def old_kernels(rev: str = OLD_REV):
+    """``optimizer/_kernels.py`` at ``rev`` as a module (kept under the temp folder so its numba cache is reused)."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:optimizer/_kernels.py"], capture_output=True,
+                         text=True, check=True).stdout
+    folder = os.path.join(tempfile.gettempdir(), f"tr-old-kernels-{rev}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"kernels_{rev}.py")
+    if not os.path.exists(path) or open(path).read() != src:
+        with open(path + ".tmp", "w") as f:
+            f.write(src)
+        os.replace(path + ".tmp", path)
+    spec = importlib.util.spec_from_file_location(f"kernels_{rev}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+K = old_kernels()
+
+
+def old_build_process(spec, N, rnd):
+    """``optimizer.policy.build_process`` at cb7b026 (the same wrapper) over the old kernels."""
+    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+
+    M = spec.M
+    d = np.ascontiguousarray(_quanta(spec, N, rnd), dtype=np.int64)
+    dco = _corun_quanta(spec, N, rnd)
+    dco_a = d if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
+    caps = spec.caps(N).astype(np.int64)
+    P = np.ascontiguousarray(spec.P)
+    cbar = (spec.C * P).sum(axis=1)
+    bn = max(1, N.bit_length())
+    br = max(1, int(max(d.max(), dco_a.max())).bit_length())
+    offsets, parts, prob = _outcomes(N, M, P)
+    lo = np.zeros(M, dtype=np.int64)
+    hi = np.full(M, N + 1, dtype=np.int64)
+    st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init = K.policy_mdp_build(
+        N, lo, hi, caps, d, dco_a, dco is not None, cbar, offsets, parts, prob, bn, br, 2_000_000, 60_000_000, True)
+    assert st == K.OK
+    nu = int(out_ptr[n])
+    return POL.Process(spec, N, d, None if dco is None else dco_a, caps, int(n), keys[:n].copy(),
+                       tau[:n].astype(np.float64), g[:n].copy(), out_ptr[:n + 1].copy(), out_prob[:nu].copy(),
+                       opt_ptr[:nu + 1].copy(), opt_idx[:int(opt_ptr[nu])].copy(), ukey[:nu].copy(), int(key0),
+                       init.copy(), bn, br)
 
 
 def old_value_iteration(proc, rtol=1e-10, max_sweeps=200_000, omega=0.7):
@@ -67,7 +120,7 @@ def old_value_iteration(proc, rtol=1e-10, max_sweeps=200_000, omega=0.7):
 def old_optimal(spec, N, rnd):
     """The old ``optimal_policy`` (its policy-iteration fallback never ran in these cases: reported if needed)."""
     t0 = time.perf_counter()
-    proc = POL.build_process(spec, N, round_to_grid=rnd)
+    proc = old_build_process(spec, N, rnd)
     h, lo_b, hi_b, sweeps = old_value_iteration(proc)
     choice, init = POL.greedy(proc, h)
     table = POL.table_of(proc, choice, init)

@@ -53,7 +53,7 @@ def old_kernels(rev: str = OLD_REV):
 
     src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:optimizer/_kernels.py"], capture_output=True,
                          text=True, check=True).stdout
-    folder = os.path.join(tempfile.gettempdir(), f"tr-old-kernels-{rev}")
+    folder = os.path.join(tempfile.gettempdir(), f"tr-old-kernels-{rev}-m")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"kernels_{rev}.py")
     if not os.path.exists(path) or open(path).read() != src:
@@ -62,6 +62,7 @@ def old_kernels(rev: str = OLD_REV):
         os.replace(path + ".tmp", path)
     spec = importlib.util.spec_from_file_location(f"kernels_{rev}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # numba's cache re-imports the module by name when it loads a kernel
     spec.loader.exec_module(mod)
     return mod
 

@@ -1123,7 +1123,7 @@ def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, eve
     sweeps the certificate bracket of :func:`mdp_bracket` (with its rounding allowance, ``4 terms eps`` of the
     largest term) is taken.  ``nref = 0``, or a bracket that has not narrowed by 10 % over 16 brackets while
     above ``floor_rtol``, falls back to ``lam`` = the midpoint of the best bracket so far.  Stops when the
-    bracket is within ``rtol`` (relative), when it is within ``floor_rtol`` and has not narrowed by 10 % over 16
+    bracket is within ``rtol`` (relative), when it is within ``floor_rtol`` and has not narrowed by 10 % over 4
     brackets (the rounding floor), or after ``max_sweeps``.  ``h`` is updated in place; returns ``(lower,
     upper, sweeps, brackets)``: ``upper`` is proven for every policy, ``lower`` for the process optimum."""
     eps = 2.220446049250313e-16
@@ -1171,12 +1171,11 @@ def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, eve
             since = 0
         else:
             since += 1
-            if since >= 16:
-                if w <= floor_rtol * abs(hi_b):
-                    return lo_b, hi_b, sweeps, brackets
-                if nr > 0:      # the estimate does not settle: the bracket's midpoint from here on
-                    nr = 0
-                    since = 0
+            if since >= 4 and w <= floor_rtol * abs(hi_b):
+                return lo_b, hi_b, sweeps, brackets
+            if since >= 16 and nr > 0:      # the estimate does not settle: the bracket's midpoint from here on
+                nr = 0
+                since = 0
 
 
 @njit(cache=True)

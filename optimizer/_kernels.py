@@ -177,6 +177,39 @@ def outcome_table(N, M, P):
     return offsets, parts, prob
 
 
+@njit(cache=True, inline="always")
+def _completing(b, r, t, offsets, done, clo, chi, idx, M):
+    """The models whose batches end at ``t`` (into ``done``) with the ranges of their routing outcomes (the
+    odometer ``idx`` over ``[clo, chi)`` set to its first reading); returns how many."""
+    na = I0
+    for i in range(M):
+        if r[i] > 0 and r[i] == t:
+            done[na] = i
+            clo[na] = offsets[b[i]]
+            chi[na] = offsets[b[i] + 1]
+            idx[na] = clo[na]
+            na += 1
+    return na
+
+
+@njit(cache=True, inline="always")
+def _routed(k, b, r, t, idx, na, parts, k2, b2, r2, M):
+    """Into ``(k2, b2, r2)``: the configuration after the batches ending at ``t`` complete and their requests
+    are routed as outcome ``idx`` says (no launch yet)."""
+    for i in range(M):
+        k2[i] = k[i]
+        if r[i] > 0 and r[i] != t:
+            b2[i] = b[i]
+            r2[i] = r[i] - t
+        else:
+            b2[i] = 0
+            r2[i] = 0
+    for a in range(na):
+        c = idx[a]
+        for j in range(M):
+            k2[j] += parts[c, j]
+
+
 @njit(cache=True)
 def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, k2, b2, r2):
     """Post-launch keys reachable from the pre-decision configuration (k, b, r); returns their count.
@@ -308,16 +341,10 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
                 t = r[i]
         if t == (np.int64(1) << 62):
             return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
-        na = I0
+        na = _completing(b, r, t, offsets, done, clo, chi, idx, M)
         gs = 0.0
-        for i in range(M):
-            if r[i] > 0 and r[i] == t:
-                done[na] = i
-                clo[na] = offsets[b[i]]
-                chi[na] = offsets[b[i] + 1]
-                idx[na] = clo[na]
-                na += 1
-                gs += b[i] * cbar[i]
+        for a in range(na):
+            gs += b[done[a]] * cbar[done[a]]
         tau[head] = t
         g[head] = gs
         # routing outcomes -> pre-decision keys (no launch yet).  Every array this state can fill is grown
@@ -335,18 +362,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
             for a in range(na):
                 p *= prob[done[a], idx[a]]
             if p > 0.0:
-                for i in range(M):
-                    k2[i] = k[i]
-                    if r[i] > 0 and r[i] != t:
-                        b2[i] = b[i]
-                        r2[i] = r[i] - t
-                    else:
-                        b2[i] = 0
-                        r2[i] = 0
-                for a in range(na):
-                    c = idx[a]
-                    for j in range(M):
-                        k2[j] += parts[c, j]
+                _routed(k, b, r, t, idx, na, parts, k2, b2, r2, M)
                 ukeys[m] = _pack(k2, b2, r2, M, bn, br)
                 uprob[m] = p
                 m += 1
@@ -854,16 +870,10 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
         for i in range(M):
             if r[i] > 0 and r[i] < t:
                 t = r[i]
-        na = I0
+        na = _completing(b, r, t, offsets, done, clo, chi, idx, M)
         gs = 0.0
-        for i in range(M):
-            if r[i] > 0 and r[i] == t:
-                done[na] = i
-                clo[na] = offsets[b[i]]
-                chi[na] = offsets[b[i] + 1]
-                idx[na] = clo[na]
-                na += 1
-                gs += b[i] * cbar[i]
+        for a in range(na):
+            gs += b[done[a]] * cbar[done[a]]
         tau[head] = t
         g[head] = gs
         while True:
@@ -1357,31 +1367,13 @@ def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, b
         for i in range(M):
             if r[i] > 0 and r[i] < t:
                 t = r[i]
-        na = I0
-        for i in range(M):
-            if r[i] > 0 and r[i] == t:
-                done[na] = i
-                clo[na] = offsets[b[i]]
-                chi[na] = offsets[b[i] + 1]
-                idx[na] = clo[na]
-                na += 1
+        na = _completing(b, r, t, offsets, done, clo, chi, idx, M)
         while True:
             p = 1.0
             for a in range(na):
                 p *= prob[done[a], idx[a]]
             if p > 0.0:
-                for i in range(M):
-                    k2[i] = k[i]
-                    if r[i] > 0 and r[i] != t:
-                        b2[i] = b[i]
-                        r2[i] = r[i] - t
-                    else:
-                        b2[i] = 0
-                        r2[i] = 0
-                for a in range(na):
-                    c = idx[a]
-                    for j in range(M):
-                        k2[j] += parts[c, j]
+                _routed(k, b, r, t, idx, na, parts, k2, b2, r2, M)
                 ck = _pack(k2, b2, r2, M, bn, br)
                 ci, ins = _find(ckt, ckv, ck, nc)
                 if ins:

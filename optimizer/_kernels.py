@@ -193,6 +193,19 @@ def _completing(b, r, t, offsets, done, clo, chi, idx, M):
 
 
 @njit(cache=True, inline="always")
+def _next_outcome(idx, clo, chi, na):
+    """Advance the odometer ``idx`` over the joint routing outcomes; False once every outcome was read."""
+    a = na - 1
+    while a >= 0:
+        idx[a] += 1
+        if idx[a] < chi[a]:
+            return True
+        idx[a] = clo[a]
+        a -= 1
+    return False
+
+
+@njit(cache=True, inline="always")
 def _routed(k, b, r, t, idx, na, parts, k2, b2, r2, M):
     """Into ``(k2, b2, r2)``: the configuration after the batches ending at ``t`` complete and their requests
     are routed as outcome ``idx`` says (no launch yet)."""
@@ -366,14 +379,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
                 ukeys[m] = _pack(k2, b2, r2, M, bn, br)
                 uprob[m] = p
                 m += 1
-            a = na - 1
-            while a >= 0:
-                idx[a] += 1
-                if idx[a] < chi[a]:
-                    break
-                idx[a] = clo[a]
-                a -= 1
-            if a < 0:
+            if not _next_outcome(idx, clo, chi, na):
                 break
         order = np.argsort(ukeys[:m], kind="mergesort")
         nopt = m * (1 << M)                 # at most 2^M options per outcome
@@ -923,14 +929,7 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
                     break
                 nu += 1
                 opt_ptr[nu] = ne
-            a = na - 1
-            while a >= 0:
-                idx[a] += 1
-                if idx[a] < chi[a]:
-                    break
-                idx[a] = clo[a]
-                a -= 1
-            if a < 0:
+            if not _next_outcome(idx, clo, chi, na):
                 break
         if st != OK:
             break
@@ -1398,14 +1397,7 @@ def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, b
                     n += 1
                     if 2 * n > tkeys.shape[0]:
                         tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
-            a = na - 1
-            while a >= 0:
-                idx[a] += 1
-                if idx[a] < chi[a]:
-                    break
-                idx[a] = clo[a]
-                a -= 1
-            if a < 0:
+            if not _next_outcome(idx, clo, chi, na):
                 break
         head += 1
     return OK, n, ckeys, cmask, nc

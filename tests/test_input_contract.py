@@ -428,6 +428,25 @@ def _temp_files(folder):
     return [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if f.endswith(".tmp") or ".tmp-" in f]
 
 
+def _ours(err: str) -> str:
+    """stderr less CPython's resource-tracker process's own shutdown warnings.  That separate process shares
+    the stream; when the group's Ctrl-C lands inside a worker's spawn it can report a pool semaphore as leaked
+    and then fail to unlink it because the parent already had ("No such file or directory"): a lost
+    unregistration in its bookkeeping, nothing left behind (seen once in CI at 593 s).  Every other line
+    is the command's own and must be the one error line."""
+    lines = err.splitlines(keepends=True)
+    out, skip = [], False
+    for line in lines:
+        if "multiprocessing/resource_tracker.py" in line and "UserWarning: resource_tracker:" in line:
+            skip = True
+            continue
+        if skip and line.startswith("  warnings.warn("):
+            continue
+        skip = False
+        out.append(line)
+    return "".join(out)
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_the_workers_start(tmp_path):
     """Ctrl-C reaches the whole group while the spawned workers still import: one line, 130, workers gone."""
@@ -438,7 +457,7 @@ def test_ctrl_c_while_the_workers_start(tmp_path):
     _wait_for(lambda: len(_children(proc.pid)) >= 2, proc)
     kids = _children(proc.pid)
     code, stdout, err = _signalled(proc, signal.SIGINT)
-    assert code == 130 and err == "error: interrupted\n" and stdout == "", (code, err)
+    assert code == 130 and _ours(err) == "error: interrupted\n" and stdout == "", (code, err)
     assert not out.exists() and _temp_files(tmp_path) == []
     time.sleep(0.5)
     assert [k for k in kids if os.path.exists(f"/proc/{k}") and "spawn" in open(f"/proc/{k}/cmdline").read()] == []

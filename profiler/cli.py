@@ -438,9 +438,6 @@ def cmd_routing(a: argparse.Namespace) -> int:
     est = _estimate(a, a.models)
     rows, lines = _routing_summary(est)
     if a.trace_out:
-        from profiler.r2r import r2r_routing_trace
-        from tr_core.routing_trace import write_trace
-        write_trace(r2r_routing_trace(a.r2r_requests), a.trace_out)
         lines.append(f"routing trace: {a.trace_out}")
     if a.trace_format == "r2r":
         lines.insert(0, f"R2R records: {est.lines} tokens in {est.final_steps} requests from {len(a.trace)} file(s); a "
@@ -452,7 +449,12 @@ def cmd_routing(a: argparse.Namespace) -> int:
     else:
         doc = json_safe({"n_models": est.n_models, "routing_matrix": est.P, "committed_tokens": est.C,
                          **routing_provenance(est)})
-    emit(_render(rows, fmt, doc, lines), a.out)
+    text = _render(rows, fmt, doc, lines)
+    if a.trace_out:  # written once everything is validated and computed (atomically, like --out)
+        from profiler.r2r import r2r_routing_trace
+        from tr_core.routing_trace import write_trace
+        write_trace(r2r_routing_trace(a.r2r_requests), a.trace_out)
+    emit(text, a.out)
     return 0
 
 
@@ -527,17 +529,31 @@ def cmd_route_run(a: argparse.Namespace) -> int:
         check_out_path(a.trace_out, "--trace-out")
     if a.out:
         check_out_path(a.out)
+    from profiler.route_run import check_policy_args
+    # every argument is checked before a model is loaded or a file opened (an existing --trace-out stays as it was)
+    check_policy_args(len(a.model), policy=a.policy, tau=a.tau, weights=a.weights, max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature)
     device = resolve_device(a.device)
     dtype = _default_dtype(a.dtype, device)
     _set_threads(a)
     models, names = _load_models(a.model, dtype, device, a.seed)
     folder = None if a.trace_out else _run_dir(a.run_dir, f"route-run-{a.policy}")
     trace_out = a.trace_out or os.path.join(folder, "trace.jsonl")
+    # the trace is recorded under a temporary name beside it and renamed when the run is complete
+    import tempfile
+    from tr_core.fileio import signals_deferred
+    partial = None
     try:
-        res = _do_route_run(a, models, names, trace_out)
+        with signals_deferred():  # a signal here is raised at the end of the block, inside the clean-up's reach
+            fd, partial = tempfile.mkstemp(prefix="." + os.path.basename(trace_out) + ".", suffix=".tmp",
+                                           dir=os.path.dirname(os.path.abspath(trace_out)))
+            os.close(fd)
+        res = _do_route_run(a, models, names, partial)
+        os.chmod(partial, 0o644)
+        os.replace(partial, trace_out)
     except BaseException:
-        if folder and os.path.exists(trace_out) and os.path.getsize(trace_out) == 0:
-            os.unlink(trace_out)
+        if partial and os.path.exists(partial):
+            os.unlink(partial)
         _drop_if_empty(folder)
         raise
     est = estimate_routing(trace_out, n_models=len(models))

@@ -135,13 +135,13 @@ def _check_positions(models: Sequence[Any], prompts: Sequence[Sequence[int]], ma
                                f"max_position_embeddings = {limit:,}; use --max-new-tokens <= {max(limit - longest, 0)}")
 
 
-def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], *, policy: str,
-                       tau: float | None = None, weights: Sequence[float] | None = None,
-                       max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
-                       eos_token_id: int | None = None, recorder: RoutingTraceRecorder | None = None,
-                       device: str = "cpu", common_vocab: bool = False) -> RouteRunResult:
-    """Generate every prompt under ``policy`` and record each step (see module docstring)."""
-    M = len(models)
+def check_policy_args(M: int, *, policy: str, tau: float | None = None, weights: Sequence[float] | None = None,
+                      max_new_tokens: int = 32, temperature: float = 0.0):
+    """Validate a routing policy's arguments for ``M`` models before any model is loaded or any file opened;
+    returns the ensemble weights (an array) for ``ensemble``, else None.
+
+    An argument the policy would ignore is refused naming both (``--tau`` with ``ensemble``, ``--weights``
+    with ``entropy``/``confidence``)."""
     if policy not in POLICIES:
         raise ProfileError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if M < 2:
@@ -149,10 +149,15 @@ def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], 
     if policy in ("entropy", "confidence"):
         if M != 2:
             raise ProfileError(f"--policy {policy} routes between exactly 2 models, got {M}")
+        if weights is not None:
+            raise ProfileError(f"--weights applies to --policy ensemble, not --policy {policy} (which routes by --tau)")
         if tau is None or not (0.0 <= tau <= 1.0):
             raise ProfileError(f"--policy {policy} needs --tau in [0, 1], got {tau}")
     w = None
     if policy == "ensemble":
+        if tau is not None:
+            raise ProfileError("--tau applies to --policy entropy or confidence, not --policy ensemble (which draws "
+                               "the model by --weights)")
         if weights is None:
             w = np.full(M, 1.0 / M)
         else:
@@ -161,8 +166,20 @@ def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], 
                 raise ProfileError(f"--weights must be {M} non-negative numbers summing to 1, got {list(weights)}")
     if max_new_tokens < 1:
         raise ProfileError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ProfileError(f"--temperature must be >= 0, got {temperature}")
+    if not (temperature >= 0) or not math.isfinite(temperature):
+        raise ProfileError(f"--temperature must be a finite number >= 0, got {temperature}")
+    return w
+
+
+def run_routing_policy(models: Sequence[Any], prompts: Sequence[Sequence[int]], *, policy: str,
+                       tau: float | None = None, weights: Sequence[float] | None = None,
+                       max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0,
+                       eos_token_id: int | None = None, recorder: RoutingTraceRecorder | None = None,
+                       device: str = "cpu", common_vocab: bool = False) -> RouteRunResult:
+    """Generate every prompt under ``policy`` and record each step (see module docstring)."""
+    M = len(models)
+    w = check_policy_args(M, policy=policy, tau=tau, weights=weights, max_new_tokens=max_new_tokens,
+                          temperature=temperature)
     V = shared_vocab_size(models, common_vocab)
     _check_positions(models, prompts, max_new_tokens)
     torch, transformers = _torch()

@@ -50,7 +50,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary
     ``binary`` opens the temporary file in bytes mode (else UTF-8 text with
     ``\\n`` line ends).  A folder that cannot be written raises ``error`` with
     a one-line message naming the file (``what`` describes it, e.g. "plot").
+    SIGINT and SIGTERM are held back while the temporary file exists (the write is short: what is
+    written was computed before), so a signal never leaves it behind between its creation and the clean-up.
     """
+    with signals_deferred():
+        _atomic_write(path, write, binary, error, what)
+
+
+def _atomic_write(path, write, binary, error, what) -> None:
     path = os.fspath(path)
     label = f"{what} {path!r}" if what else repr(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -122,11 +129,44 @@ def read_text(path: str | os.PathLike, what: str, *, error: type[Exception] = Sp
         raise error(f"cannot read {what} {path!r}: {e.strerror or e}") from None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (``json`` would keep the last value silently)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def unique_keys(pairs):
+    """``object_pairs_hook`` for ``json.load(s)``: a dict, refusing a key given twice (:class:`DuplicateKey`)."""
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise DuplicateKey(k)
+        d[k] = v
+    return d
+
+
+def _duplicate(label: str, e: DuplicateKey) -> str:
+    from tr_core.errors import short_repr
+    return f"{label}: the key {short_repr(e.key)} appears twice in one object (each key once; JSON would keep " \
+           "only the last value)"
+
+
+def loads_strict(text: str, **kw):
+    """``json.loads`` refusing duplicate keys (raises :class:`DuplicateKey`, a ``ValueError``)."""
+    import json
+    return json.loads(text, object_pairs_hook=unique_keys, **kw)
+
+
 def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError):
-    """``json.loads`` with one-line errors naming ``label`` (deep nesting and huge integers included)."""
+    """``json.loads`` with one-line errors naming ``label`` (deep nesting and huge integers included); a key
+    given twice in one object is refused."""
     import json
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
+        raise error(_duplicate(label, e)) from None
     except json.JSONDecodeError as e:
         raise error(f"{label} is not valid JSON: {e}") from None
     except RecursionError:
@@ -137,6 +177,7 @@ def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError
 
 def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> Any:
     """Load a JSON file; a missing, unreadable or malformed file raises ``error`` with one line naming it.
+    A key given twice in one object is refused (``json`` would keep the last value without a word).
 
     ``what`` names the file's role in the messages, e.g. ``"spec file"`` gives
     ``spec file 'x.json' does not exist``.
@@ -147,7 +188,9 @@ def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = Sp
     _check_readable(path, what, error)
     try:
         with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
+        raise error(_duplicate(f"{what} {path!r}", e)) from None
     except FileNotFoundError:
         raise error(f"{what} {path!r} does not exist") from None
     except IsADirectoryError:

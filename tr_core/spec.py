@@ -479,6 +479,14 @@ class SystemSpec:
         """True when no step ever commits a token (every P[i][j] * C[i][j] is 0): the throughput is 0."""
         return all(p * c == 0 for pr, cr in zip(self.routing_matrix, self.committed_tokens) for p, c in zip(pr, cr))
 
+    def routing_notes(self) -> list[str]:
+        """What the routing matrix makes of each model, where that makes a result need a word: a model no
+        request ever reaches from the entry model, a model every request leaves for good (visited only
+        before the system settles), a model whose every step routes back to itself.  Such a model runs no
+        batch in the long run: its threshold has no effect and its admission latency is undefined (``-`` in
+        tables, ``null`` in JSON).  Empty for the usual systems."""
+        return routing_notes(self)
+
     def to_dict(self) -> dict:
         return spec_to_dict(self)
 
@@ -489,6 +497,50 @@ class SystemSpec:
         """The same system with these co-running latencies (entries as for :func:`make_spec`; ``None``
         removes them): ``spec.with_corun([2.8, 1.05])`` is the API form of ``--corun-slowdown 2.8 1.05``."""
         return _replace(self, corun_latency=parse_corun(corun_latency))
+
+
+def _model_label(spec: "SystemSpec", i: int) -> str:
+    return f"model {i} ({spec.model_names[i]})" if spec.model_names else f"model {i}"
+
+
+def _reach(P, start: int) -> set[int]:
+    seen, stack = {start}, [start]
+    while stack:
+        i = stack.pop()
+        for j, p in enumerate(P[i]):
+            if p > 0 and j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen
+
+
+def routing_notes(spec: "SystemSpec") -> list[str]:
+    """See :meth:`SystemSpec.routing_notes`: one line per kind, naming the models."""
+    P = spec.routing_matrix
+    M = len(P)
+    reach = [_reach(P, i) for i in range(M)]
+    from_entry = reach[0]
+    unreached = [i for i in range(M) if i not in from_entry]
+    # a model reached from the entry is recurrent when every model it reaches leads back to it
+    left = [i for i in sorted(from_entry) if any(i not in reach[j] for j in reach[i])]
+    selfish = [i for i in range(M) if P[i][i] == 1.0]
+    out = []
+    undefined = "its threshold has no effect and its admission latency is undefined ('-' in tables, null in JSON)"
+    if unreached:
+        names = ", ".join(_model_label(spec, i) for i in unreached)
+        out.append(f"{names} {'is' if len(unreached) == 1 else 'are'} never reached: no route of routing_matrix "
+                   f"leads there from the entry model 0, so no request ever runs on "
+                   f"{'it' if len(unreached) == 1 else 'them'}; {undefined}")
+    if left:
+        names = ", ".join(_model_label(spec, i) for i in left)
+        out.append(f"{names} {'is' if len(left) == 1 else 'are'} left for good: a request moves on and never "
+                   f"comes back (routing_matrix), so in the long run no batch runs there; {undefined}")
+    for i in selfish:
+        if i in from_entry:
+            out.append(f"{_model_label(spec, i)} routes every step to itself (routing_matrix[{i}][{i}] = 1): a "
+                       "request that reaches it stays there for good" + (
+                           "; the other models never run" if i == 0 else ""))
+    return out
 
 
 @functools.lru_cache(maxsize=512)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tr_core.cli import add_list_arg, deprecated_alias, flag_name, refuse_given
+from tr_core.cli import add_list_arg, deprecated_alias, flag_name, given, refuse_given
 from tr_core.errors import SpecError
 from tr_core.spec import DEFAULT_DELTA_MS, PRESETS, SystemSpec, load_spec, preset
 
@@ -47,6 +47,7 @@ class System:
         if self.delta_auto:
             out.append(f"--delta-ms auto chose delta = {self.delta_auto['delta_ms']:.6g} ms (every latency "
                        f"within {self.delta_auto['rtol']:g} relative)")
+        out.extend(self.spec.routing_notes())
         if self.spec.commits_no_tokens:
             out.append("no step of this system commits a token (every P[i][j] * C[i][j] is 0): the throughput "
                        "is 0 for every B, so every B ties and the gain over eager is undefined")
@@ -160,6 +161,12 @@ def _preset_from_args(a, curves, delta: float | None) -> SystemSpec:
         raise SpecError("--L is required: the step latency of each model in ms, e.g. --L 6.0 27.9")
     if algo != "me" and a.weights:
         raise SpecError(f"--weights applies to --algo me, not {algo}")
+    if algo == "me":
+        for dest in ("p", "q"):
+            if getattr(a, dest, None) is not None:
+                flag = flag_name(a, dest, "--" + dest)
+                raise SpecError(f"{flag} and --weights both give the routing: {flag} applies to the two-model presets "
+                                f"(r2r, citer, co-llm, r-stitch), --weights to the ensemble (me); give one of them")
     if algo in ("r2r", "citer", "co-llm") and a.q is not None:
         raise SpecError(f"--q applies to --algo r-stitch, not {algo}")
     try:
@@ -190,6 +197,25 @@ def _with_corun(a, spec: SystemSpec) -> SystemSpec:
         raise _flag_error(flag, e) from None
 
 
+# flag dest -> the spec field it would replace
+_OVERRIDES = {"L_table": "latency_curves", "max_batch": "max_batch_size", "corun_slowdown": "corun_latency",
+              "corun_L_table": "corun_latency"}
+
+
+_WHAT = {"latency_curves": "batch-size-dependent latencies", "max_batch_size": "batch caps",
+         "corun_latency": "co-running latencies"}
+
+
+def _refuse_overridden(a, spec: SystemSpec) -> None:
+    """A flag that would silently replace a field the spec file sets is refused naming both (``--delta-ms``
+    is the exception: it chooses the grid, documented as overriding the spec's ``delta_ms``)."""
+    for dest, key in _OVERRIDES.items():
+        flag = given(a, dest) or ((getattr(a, dest, None) is not None) and "--" + dest.replace("_", "-"))
+        if flag and getattr(spec, key) is not None:
+            raise SpecError(f"{flag} and the {key} of --spec {a.spec!r} both give the {_WHAT[key]}: give one of them "
+                            f"(drop {flag}, or remove {key} from the file)")
+
+
 def _models_in(a) -> int:
     if a.spec:
         return -1
@@ -207,11 +233,14 @@ def build_system(a, N_max: int | None = None) -> System:
     delta = parse_delta(getattr(a, "delta_ms", None), flag_name(a, "delta_ms", "--delta-ms"))
     if delta != "auto":
         refuse_given(a, ["delta_rtol"], "applies to --delta-ms auto only (it bounds the rounding auto chooses)")
+    else:
+        refuse_given(a, ["round"], "has no effect with --delta-ms auto (auto always rounds, within --delta-rtol)")
     L_table = getattr(a, "L_table", None)
     if a.spec:
         if a.L or a.p is not None or a.q is not None or a.weights or a.algo:
             raise SpecError("--spec defines the whole system; do not combine it with --L/--p/--q/--weights/--algo")
         spec = load_spec(a.spec)
+        _refuse_overridden(a, spec)
         if isinstance(delta, float):
             spec = spec.with_delta(delta)
         curves = None

@@ -503,6 +503,12 @@ def _long_sweep(plan: Plan) -> bool:
         _sweep_evaluations(spec.M, plan.Ns, None, "exact", search) > LONG_SWEEP_CHAINS
 
 
+def _meaning_notes(plan: Plan) -> list[str]:
+    """The system's notes that a reader of the numbers needs: a model that runs no batch in the long run (its
+    admission latency is null), a system that commits no token."""
+    return [line for line in plan.system.notes() if not line.startswith("--delta-ms auto")]
+
+
 def compute(plan: Plan, progress=None, on_result=None) -> tuple[dict, list]:
     """The result document, and the optimum objects found (for plotting).  ``on_result(optimum)``: called
     for each N of an exact search as soon as it is final."""
@@ -512,6 +518,9 @@ def compute(plan: Plan, progress=None, on_result=None) -> tuple[dict, list]:
         doc["delta_auto"] = dict(plan.system.delta_auto)
     if plan.roundings:
         doc["roundings"] = plan.roundings
+    notes = _meaning_notes(plan)
+    if notes:  # what makes a null or a tie in the results meaningful (an unreached model, no tokens committed)
+        doc["notes"] = notes
     if plan.method != "exact":
         found = _compute_simulated(plan, doc)
     elif plan.B is not None:
@@ -851,6 +860,10 @@ def main_impl(argv=None) -> int:
             note(line)
         if estimate_note(plan):
             note(estimate_note(plan))
+    elif not a.quiet:  # json or csv: stdout is the data, the notes that give it its meaning still go to stderr
+        for line in _meaning_notes(plan):
+            note(line)
+    if speak:
         if (plan.search["search"] == "auto" and plan.B is None and plan.method == "exact"
                 and [name for name, _ in _auto_spans(plan.system.spec.M, plan.Ns)] != ["exhaustive"]):
             note(_auto_note(plan.system.spec.M, plan.Ns))

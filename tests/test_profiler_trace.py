@@ -50,11 +50,12 @@ def reference_stats(path, M, kcap=2048):
 def test_recorder_roundtrip_schema_and_reader(tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     path = tmp_path / "t.jsonl"
-    rows = [("a\"b", 0, 0, 1, 0), (7, 0, 0, 0, 1), ("a\"b", 1, 1, 0, 1.5), (7, 1, 0, -1, 2), ("a\"b", 2, 0, -1, 1)]
+    # one type of request id per trace (all strings here; a mix is refused: tests/test_input_contract_round4.py)
+    rows = [("a\"b", 0, 0, 1, 0), ("7", 0, 0, 0, 1), ("a\"b", 1, 1, 0, 1.5), ("7", 1, 0, -1, 2), ("a\"b", 2, 0, -1, 1)]
     with RoutingTraceRecorder(path, flush_lines=2) as rec:
         for r in rows[:3]:
             rec.record(*r)
-        rec.record_batch([7, "a\"b"], np.array([1, 2]), [0, 0], [-1, -1], [2, 1])
+        rec.record_batch(["7", "a\"b"], np.array([1, 2]), [0, 0], [-1, -1], [2, 1])
     schema = json.load(open(trace_schema_path()))
     lines = path.read_text().splitlines()
     assert len(lines) == 5
@@ -100,10 +101,10 @@ def test_layout_variants_take_fast_and_slow_paths_consistently(tmp_path):
         '{"request_id": "r1", "step": 0, "model": 0, "next_model": 1, "committed_tokens": 0}',
         '{ "committed_tokens" : 1.25 ,"next_model":1,"model":1, "step":1,"request_id":"r1", "extra": "x"}',
         '',
-        '{"request_id": 5, "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1e0, "t": null}\r',
+        '{"request_id": "5", "step": 0, "model": 0, "next_model": 0, "committed_tokens": 1e0, "t": null}\r',
         '{"request_id": "r1", "step": 2, "model": 1, "next_model": 0, "committed_tokens": 2}',
         '{"request_id": "r\\u0031", "step": 3, "model": 0, "next_model": -1, "committed_tokens": 1}',
-        '{"request_id": 5, "step": 1, "model": 0, "next_model": 1, "committed_tokens": 0, "meta": true}',
+        '{"request_id": "5", "step": 1, "model": 0, "next_model": 1, "committed_tokens": 0, "meta": true}',
     ]
     path = tmp_path / "v.jsonl"
     path.write_text("\n".join(lines))  # no final newline: the last line still counts

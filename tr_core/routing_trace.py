@@ -16,7 +16,9 @@ Rules of one line (:func:`validate_record`):
   step (``-1``: the request finished with this step);
 * ``committed_tokens``: a finite number ``>= 0`` (at most 1e12), the output
   tokens committed by the step (the ``c_ij`` of the model); required;
-* extra keys are allowed when their values are scalars, and ignored.
+* extra keys are allowed when their values are scalars, and ignored (recorders add timestamps, token text,
+  scores: a documented exception to "a file says only what the reader checks");
+* a key appears once per line (``{"model": 0, "model": 1}`` is refused: JSON would keep the last silently).
 
 Every field is checked for its JSON type: a string where a number belongs is
 refused, not converted; ``true`` is not an integer; ``1.0`` is not an integer.
@@ -24,6 +26,8 @@ refused, not converted; ``true`` is not an integer; ``1.0`` is not an integer.
 Rules across lines (:class:`Sequencer`), in file order:
 
 * lines of different requests may interleave freely;
+* ``request_id`` has one JSON type in a file: all strings or all integers (``1`` and ``"1"`` would be two
+  requests to the reader and one to a person);
 * **the lines of one request come in step order** ``k, k+1, k+2, ...``
   without gaps or repeats; ``k`` is 0 for a request recorded from its start
   and may be larger when the trace began while the request was running (its
@@ -196,6 +200,13 @@ def validate_record(obj: Any, where: str) -> TraceRecord:
 # ----------------------------------------------------------------------------
 # rules across lines
 
+def mixed_id_text(where: str, kind: str, shown: str, first_kind: str, first_where: str) -> str:
+    """The one message for a file whose request ids mix strings and integers."""
+    return (f"{where}: request_id {shown} is {'a string' if kind == 'string' else 'an integer'} but the "
+            f"request ids before it are {first_kind}s (the first at {first_where}); "
+            f"a trace uses one type for request_id (1 and \"1\" are different requests to the reader)")
+
+
 class Sequencer:
     """Applies the rules across lines in file order; keeps only the requests in flight."""
 
@@ -203,6 +214,7 @@ class Sequencer:
         self._open: dict[Any, tuple[int, int, int]] = {}  # key -> (last step, its next_model, request index)
         self.n_requests = 0
         self.first_steps: list[int] = []
+        self.id_type: tuple[str, str] | None = None  # ("string" | "integer", where it was first seen)
 
     @staticmethod
     def _key(rid: str | int) -> tuple[str, str | int]:
@@ -211,6 +223,11 @@ class Sequencer:
     def add(self, rec: TraceRecord, where: str) -> int:
         """Check ``rec`` against its request's previous line; return the index of its request (0, 1, ...)."""
         key = self._key(rec.request_id)
+        kind = "string" if key[0] == "s" else "integer"
+        if self.id_type is None:
+            self.id_type = (kind, where)
+        elif self.id_type[0] != kind:
+            raise TraceError(mixed_id_text(where, kind, _show(rec.request_id), self.id_type[0], self.id_type[1]))
         prev = self._open.get(key)
         if prev is None:  # a new request: recorded from step 0, or from step k when the trace began mid-request
             idx = self.n_requests
@@ -268,9 +285,12 @@ def read_error(path: str, e: BaseException) -> TraceError:
 
 
 def decode_line(raw: bytes, where: str) -> Any:
-    """JSON of one line; errors name ``where``."""
+    """JSON of one line; errors name ``where``; a key given twice on the line is refused."""
+    from tr_core.fileio import DuplicateKey, loads_strict
     try:
-        return json.loads(raw)
+        return loads_strict(raw)
+    except DuplicateKey as e:
+        raise TraceError(f"{where}: the key {_show(e.key)} appears twice on the line (each key once)") from None
     except UnicodeDecodeError:
         raise TraceError(f"{where}: not valid UTF-8") from None
     except json.JSONDecodeError as e:
@@ -453,6 +473,7 @@ class RoutingTraceRecorder:
         except OSError as e:
             raise TraceError(f"cannot open trace {self.path!r} for writing: {e.strerror}") from None
         self._buf: list[str] = []
+        self._id_kind: str | None = None  # the readers refuse a trace whose request ids mix strings and integers
         self._flush_lines = int(flush_lines)
         self._flush_seconds = float(flush_seconds)
         self._last_flush = time.monotonic()
@@ -462,7 +483,13 @@ class RoutingTraceRecorder:
     def record(self, request_id: Any, step: int, model: int, next_model: int, committed_tokens: float = 1) -> None:
         """Append one decoding step (``next_model = -1`` when the request finished)."""
         line = format_record(request_id, step, model, next_model, committed_tokens)
+        kind = "string" if isinstance(request_id, str) else "integer"
         with self._lock:
+            if self._id_kind is None:
+                self._id_kind = kind
+            elif kind != self._id_kind:
+                raise TraceError(f"request_id {_show(request_id)} is {'a string' if kind == 'string' else 'an integer'}"
+                                 f" but this trace's request ids are {self._id_kind}s (one type per trace)")
             if self._fd < 0:
                 raise TraceError(f"trace recorder for {self.path!r} is closed")
             self._buf.append(line)

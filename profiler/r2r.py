@@ -47,6 +47,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from profiler.trace import TraceAccumulator, TraceError
+from tr_core.fileio import DuplicateKey, loads_strict
 from tr_core.routing_trace import open_trace, read_error
 
 SOURCES = {"quick": 0, "reference": 1}
@@ -152,7 +153,9 @@ def _json_rows(path: str) -> Iterator[tuple[str, dict, tuple]]:
             raise read_error(path, e) from None
     if data.lstrip()[:1] == b"[":  # a JSON array of records (to_json(orient="records"))
         try:
-            records = json.loads(data)
+            records = loads_strict(data)
+        except DuplicateKey as e:
+            raise TraceError(f"{path}: the key {_show(e.key)} appears twice in one record (each key once)") from None
         except UnicodeDecodeError:
             raise TraceError(f"{path}: not valid UTF-8") from None
         except json.JSONDecodeError as e:
@@ -170,7 +173,9 @@ def _json_rows(path: str) -> Iterator[tuple[str, dict, tuple]]:
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(raw)
+            obj = loads_strict(raw)
+        except DuplicateKey as e:
+            raise TraceError(f"{where}: the key {_show(e.key)} appears twice in the record (each key once)") from None
         except UnicodeDecodeError:
             raise TraceError(f"{where}: not valid UTF-8") from None
         except json.JSONDecodeError as e:
@@ -209,9 +214,12 @@ def _parquet_rows(path: str) -> Iterator[tuple[str, dict, tuple]]:
 # ------------------------------------------------------------------------------------------------- values
 
 
-def _position(v: Any, where: str) -> int:
+def _position(v: Any, where: str, typed: bool = False) -> int:
     if isinstance(v, bool) or v is None:
         raise TraceError(f"{where}: column 'position' must be an integer >= 0, got {_show(v)}")
+    if isinstance(v, str) and typed:
+        raise TraceError(f"{where}: column 'position' must be an integer >= 0 written as a JSON number, got the string {_show(v)} (JSON "
+                         f"lines and Parquet carry numbers as numbers; only CSV holds them as text)")
     if isinstance(v, str):
         t = v.strip()
         try:
@@ -286,7 +294,10 @@ def read_r2r(paths: Sequence[str | os.PathLike], *, fmt: str | None = None) -> R
         open_reqs: dict[Any, tuple[int, int]] = {}  # key -> (request index, last position)
         key_col: str | None = None
         first = True
-        for where, row, header in _rows(path, fmt or detect_format(path)):
+        kind = fmt or detect_format(path)
+        typed = kind != "csv"  # JSON lines and Parquet carry types: a number written as a string is refused
+        key_type: tuple[type, str] | None = None  # the first key's type and where it was
+        for where, row, header in _rows(path, kind):
             if first:
                 key_col = next((c for c in KEY_COLUMNS if c in header), None)
                 first = False
@@ -294,8 +305,16 @@ def read_r2r(paths: Sequence[str | os.PathLike], *, fmt: str | None = None) -> R
                 if col not in row:
                     raise TraceError(f"{where}: column {col!r} is missing")
             is_ref = _source(row["source_model"], where)
-            pos = _position(row["position"], where)
+            pos = _position(row["position"], where, typed)
             key = _key(row[key_col], key_col, where) if key_col else None
+            if key_col:
+                if key_type is None:
+                    key_type = (type(key), where)
+                elif type(key) is not key_type[0]:
+                    raise TraceError(f"{where}: column {key_col!r} is {_show(row[key_col])}, "
+                                     f"{'a string' if isinstance(key, str) else 'a number'}, but the first row's "
+                                     f"({key_type[1]}) is {'a string' if key_type[0] is str else 'a number'}; one file "
+                                     f"uses one type for {key_col} (1 and \"1\" would be two requests)")
             prev = open_reqs.get(key)
             if prev is None:
                 open_reqs[key] = (len(tokens), pos)

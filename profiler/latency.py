@@ -255,6 +255,21 @@ def _depth(v: Any, limit: int = _MAX_DEPTH + 1) -> int:
 _PROFILE_FIELDS = {f.name for f in __import__("dataclasses").fields(LatencyProfile)}
 
 
+ORDER_RTOL = 1e-9  # relative slack of the order checks between one sample's statistics
+
+
+def _check_order(path: str, key: str, b: "BatchStats") -> None:
+    """Statistics of one sample cannot disagree: min <= median <= p90, min <= mean; a row that breaks this was
+    edited or merged wrongly (tolerance ``ORDER_RTOL`` relative)."""
+    def le(x, y):
+        return x <= y + ORDER_RTOL * max(abs(x), abs(y), 1e-12)
+    for lo, hi, a, c in ((b.min_ms, b.median_ms, "min_ms", "median_ms"), (b.median_ms, b.p90_ms, "median_ms", "p90_ms"),
+                         (b.min_ms, b.mean_ms, "min_ms", "mean_ms")):
+        if not le(lo, hi):
+            raise ProfileError(f"{path}: {key}: {a} = {lo:g} is above {c} = {hi:g}; statistics of one sample satisfy "
+                               f"min <= median <= p90 and min <= mean (tolerance {ORDER_RTOL:g} relative)")
+
+
 def latency_profile_from_dict(d: Any, path: str = "latency profile") -> LatencyProfile:
     """Validate a decoded profile document field by field (types, ranges, finiteness, depth)."""
     F = _Field(path)
@@ -290,11 +305,13 @@ def latency_profile_from_dict(d: Any, path: str = "latency profile") -> LatencyP
         if bs in seen:
             raise ProfileError(f"{path}: field {key + '.batch_size'!r}: batch size {bs} appears twice")
         seen.add(bs)
-        batches.append(BatchStats(
+        st = BatchStats(
             bs, F.int_(b["count"], f"{key}.count", 1), F.num(b["min_ms"], f"{key}.min_ms"),
             F.num(b["median_ms"], f"{key}.median_ms", positive=True), F.num(b["mean_ms"], f"{key}.mean_ms"),
             F.num(b["p90_ms"], f"{key}.p90_ms"), F.num(b["std_ms"], f"{key}.std_ms"),
-            F.int_(b.get("peak_allocated_bytes"), f"{key}.peak_allocated_bytes", 0, none=True)))
+            F.int_(b.get("peak_allocated_bytes"), f"{key}.peak_allocated_bytes", 0, none=True))
+        _check_order(path, key, st)
+        batches.append(st)
     fit = F.obj(d["fit"], "fit", none=True)
     if fit is not None:
         for name in ("intercept_ms", "per_request_ms", "r_squared"):

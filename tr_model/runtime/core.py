@@ -80,6 +80,7 @@ class Request:
     trace_pos: int = -1          # position in a replayed routing trace (TraceRouter), -1 before the first step
     executor_state: dict = field(default_factory=dict)  # per-model cache bookkeeping of the executor
     committed_by_model: dict = field(default_factory=dict)  # model index -> tokens committed by its steps
+    cancelled: bool = False      # its client is gone: finished at its next step, its slots freed
 
 
 class MatrixRouter:
@@ -191,7 +192,12 @@ class Subserver:
         loop = asyncio.get_running_loop()
         while True:
             kind, req = await self.client_events.get()
-            if kind == "new":
+            if kind == "new" and req.cancelled:   # cancelled before its admission: never announced
+                req.state = "finished"
+                self.rt.cancelled_total += 1
+                if req.future is not None and not req.future.done():
+                    req.future.set_result(req)
+            elif kind == "new":
                 self.rt.broadcast_active(+1, self.index)
                 self.enqueue(req, loop.time())
             else:  # "done": stream the final response back to the client
@@ -296,6 +302,9 @@ class Subserver:
             if rt.in_window(t1):
                 self.busy_s += t1 - max(t0, rt.t_start)
             for k, r in enumerate(batch):
+                if r.cancelled:   # its client is gone: no routing, its slots are freed now
+                    rt.finish(r, t1, i, cancelled=True)
+                    continue
                 tok = None if tokens is None else tokens[k]
                 j, c = rt.router.route(i, r, tok)
                 if c > 0:
@@ -323,7 +332,10 @@ class Subserver:
                 self.rt.subservers[msg[1]].channel.put_nowait(("peer", msg[2]))
             elif msg[0] == "peer":
                 self.rt.in_flight -= 1
-                self.enqueue(msg[1], loop.time())
+                if msg[1].cancelled:
+                    self.rt.finish(msg[1], loop.time(), self.index, cancelled=True)
+                else:
+                    self.enqueue(msg[1], loop.time())
                 if self.rt.in_flight == 0:
                     self.rt.notify_all()
             else:  # ("ctl", delta): admission or finish somewhere in the system
@@ -387,6 +399,7 @@ class TokenRouterRuntime:
         self.subservers = [Subserver(self, i) for i in range(num_models)]
         self.tasks: list[asyncio.Task] = []
         self.in_flight = 0  # routed requests in a channel, not yet in their next queue
+        self.cancelled_total = 0  # requests finished early by cancel() (client gone, deadline, shutdown)
         delta_ms = getattr(thresholds, "delta_ms", None) or 0.1
         self.eps_s = 1e-6 * float(delta_ms) * self.time_scale / 1000.0  # "the same instant" for a policy
 
@@ -433,10 +446,28 @@ class TokenRouterRuntime:
             else:
                 s.channel.put_nowait(("ctl", delta))
 
-    def finish(self, req: Request, t: float, origin: int) -> None:
+    def cancel(self, req: Request) -> None:
+        """Finish ``req`` early (its client is gone): a queued request leaves its queue now, a running or routed
+        one at the end of its step or hop; its cache slots are freed and the active count drops as for a finish.
+        Idempotent; a finished request is left alone."""
+        if req.cancelled or req.state == "finished":
+            return
+        req.cancelled = True
+        if req.state == "waiting":
+            sub = self.subservers[req.model]
+            try:
+                sub.waiting.remove(req)
+            except ValueError:
+                return   # not admitted yet (still in the client loop's inbox): the client loop drops it
+            self.finish(req, asyncio.get_running_loop().time(), req.model, cancelled=True)
+            self.notify_all()
+
+    def finish(self, req: Request, t: float, origin: int, cancelled: bool = False) -> None:
         req.state = "finished"
         req.finished_at = t
-        if req.created_at >= self.t_start and t <= self.t_end and t > req.created_at:
+        if cancelled:
+            self.cancelled_total += 1
+        elif req.created_at >= self.t_start and t <= self.t_end and t > req.created_at:
             self.request_speeds.append(req.committed / ((t - req.created_at) / self.time_scale))
         release = getattr(self.executor, "release", None)
         if release is not None:
@@ -449,6 +480,7 @@ class TokenRouterRuntime:
         loop = asyncio.get_running_loop()
         req.future = loop.create_future()
         req.created_at = loop.time()
+        req.state = "submitted"
         self.subservers[0].client_events.put_nowait(("new", req))
         return await req.future
 
@@ -609,6 +641,11 @@ def run_in_new_loop(coro: Any, clock: str = "wall") -> Any:
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
+    except BaseException:
+        # Ctrl-C / SIGTERM (raised in the loop): cancel what runs and let it unwind here, so that no task is
+        # destroyed pending and no callback reaches a closed loop ("Event loop is closed")
+        _cancel_all(loop)
+        raise
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
@@ -616,6 +653,22 @@ def run_in_new_loop(coro: Any, clock: str = "wall") -> Any:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel every task of ``loop`` (not running) and run it until they have ended; a second interrupt while
+    they unwind is ignored (the tasks are ended either way)."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    for _ in range(2):
+        try:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            return
+        except BaseException:  # noqa: BLE001 - an interrupt while unwinding: try once more, then give up
+            continue
 
 
 def measure_closed_loop(spec: Any, n_clients: int, thresholds: Any, executor: Any, *, clock: str = "wall",

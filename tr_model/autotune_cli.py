@@ -211,6 +211,21 @@ def _add_serve(sub) -> None:
     h.add_argument("--shutdown-timeout-s", type=float, default=10.0, metavar="S", help="on SIGTERM/Ctrl-C, how "
                    "long in-flight requests may still finish, seconds (default 10)")
     h.add_argument("--access-log", action="store_true", help="log every HTTP request on stderr")
+    lim = s.add_argument_group("limits (each reported in /health; a request over one gets a JSON 4xx)")
+    lim.add_argument("--max-tokens-limit", type=int, default=4096, metavar="T", help="most output tokens one "
+                     "request may ask (default 4096; above: 422)")
+    lim.add_argument("--max-prompt-tokens", type=int, default=8192, metavar="T", help="most prompt tokens "
+                     "(default 8192; above: 413)")
+    lim.add_argument("--max-body-bytes", type=int, default=2 ** 20, metavar="BYTES", help="largest request body "
+                     "(default 1048576; above: 413)")
+    lim.add_argument("--max-json-depth", type=int, default=32, metavar="D", help="deepest nesting of the body's "
+                     "arrays and objects (default 32; above: 422)")
+    lim.add_argument("--max-waiting", type=int, metavar="K", help="most requests waiting for admission beyond "
+                     "--N (default 4 x N; beyond: 429)")
+    lim.add_argument("--request-deadline-s", type=float, default=600.0, metavar="S", help="longest a request may "
+                     "live, seconds (default 600; past it: 504, its runtime request cancelled)")
+    lim.add_argument("--body-timeout-s", type=float, default=30.0, metavar="S", help="longest the request body "
+                     "may take to arrive, seconds (default 30; past it: 408)")
     add_quiet_arg(h)
     e = s.add_argument_group("executor")
     e.add_argument("--executor", choices=("emulated", "torch"), default="emulated", help="emulated: every step "
@@ -593,11 +608,31 @@ def _serve_thresholds(a):
     table = ThresholdTable.load(a.thresholds)
     with open(a.thresholds, "r", encoding="utf-8") as f:
         spec_doc = json.load(f).get("spec")
-    watched = WatchedThresholds(a.thresholds, check_interval_s=a.check_interval_s)
+    watched = WatchedThresholds(a.thresholds, check_interval_s=a.check_interval_s,
+                                accept=_same_system_as(table), on_error=_log_reload_error)
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
     return watched, spec_doc, f"file {a.thresholds}", table.max_concurrency
+
+
+def _same_system_as(first):
+    """The start-up checks a reload must pass too: the same number of models and, when the file embeds its
+    spec, the same spec (its hash); otherwise the reload is refused and the old table kept."""
+    def accept(table) -> str | None:
+        if table.num_models != first.num_models:
+            return (f"the new table has {table.num_models} models, the server runs {first.num_models} "
+                    f"('num_models')")
+        if first.spec_sha256 is not None and table.spec_sha256 != first.spec_sha256:
+            return ("the new table was computed for another system ('spec_sha256' differs from the table loaded "
+                    "at start-up)")
+        return None
+    return accept
+
+
+def _log_reload_error(msg: str) -> None:
+    sys.stderr.write(f"serve: thresholds reload refused, the previous table is kept: {' '.join(msg.split())}\n")
+    sys.stderr.flush()
 
 
 def _serve_spec(a, spec_doc):
@@ -651,6 +686,12 @@ def _cmd_serve(a) -> int:
         raise SpecError(f"--port must be in 0..65535, got {a.port}")
     if a.executor == "emulated" and a.config:
         raise SpecError("--config is for --executor torch")
+    limits = serve.ServeLimits(max_tokens=a.max_tokens_limit, max_prompt_tokens=a.max_prompt_tokens,
+                               max_body_bytes=a.max_body_bytes, max_json_depth=a.max_json_depth,
+                               max_waiting=a.max_waiting, request_deadline_s=a.request_deadline_s,
+                               body_timeout_s=a.body_timeout_s)
+    if a.default_max_tokens > limits.max_tokens:
+        raise SpecError(f"--default-max-tokens {a.default_max_tokens} is above --max-tokens-limit {limits.max_tokens}")
     thresholds, spec_doc, label, file_N = _serve_thresholds(a)
     spec = _serve_spec(a, spec_doc)
     if thresholds is None:
@@ -669,7 +710,7 @@ def _cmd_serve(a) -> int:
         max_total = None
     service = serve.RuntimeService(spec, thresholds, ex, max_concurrency=N, seed=a.seed, model_name=a.model_name,
                                    executor_name=a.executor, max_total_tokens=max_total,
-                                   default_max_tokens=a.default_max_tokens, thresholds_label=label)
+                                   default_max_tokens=a.default_max_tokens, thresholds_label=label, limits=limits)
 
     def announce(url: str) -> None:
         # where the server listens is its result: printed with --quiet too

@@ -144,6 +144,22 @@ THRESHOLDS_FORMAT = "tokenrouter-thresholds"
 CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local", "extrapolated")
 MAX_FILE_BYTES = 64 * 2 ** 20   # a table for N = 1..10^5 with 12 models is about 30 MB
 MAX_CONCURRENCY_LIMIT = 2 ** 31 - 1
+# The finite range of every numeric field (the reader refuses values outside; the JSON schema states the same),
+# so that no accepted value can overflow a decision: times in ms on a grid of delta_ms stay below 2^63 quanta.
+MAX_MODELS = 4096
+DELTA_MS_RANGE = (1e-6, 1e6)          # delta_ms, ms
+MAX_STEP_MS = 1e9                     # policy step_ms, step_ms_beside_running: (0, 1e9] ms
+MAX_WINDOW_MS = 1e9                   # policy window_ms column: [0, 1e9] ms
+MAX_TOK_S = 1e15                      # predicted / eager / upper-bound / policy-predicted tokens/s: [0, 1e15]
+MAX_RESIDUAL_MS = 1e12                # decide(): a residual above this many ms counts as this many (saturates)
+# the fields a file may hold (anything else is refused: a misspelt field must not be ignored silently)
+TOP_LEVEL_FIELDS = frozenset({"schema_version", "format", "num_models", "model_names", "delta_ms", "spec",
+                              "spec_sha256", "max_concurrency", "complete", "fallback_thresholds", "entries",
+                              "provenance", "policy"})
+ENTRY_FIELDS = frozenset({"active_requests", "thresholds", "predicted_tok_s", "eager_tok_s", "gain_vs_eager",
+                          "states", "residual", "solver", "evaluated", "seconds", "certificate",
+                          "upper_bound_tok_s", "gap", "pruned", "extrapolated_from", "policy_thresholds",
+                          "policy_certificate", "policy_predicted_tok_s", "policy_seconds"})
 
 __all__ = ["THRESHOLDS_SCHEMA_VERSION", "POLICY_SCHEMA_VERSION", "POLICY_COLUMNS", "POLICY_CERTIFICATES",
            "READABLE_SCHEMA_VERSIONS", "THRESHOLDS_FORMAT", "CERTIFICATES",
@@ -210,6 +226,21 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(f"key {_short(k)} appears twice in one object (which one counts is undefined)")
+            seen.add(k)
+    return d
+
+
 def _read_bytes(p: str) -> bytes:
     """The file's bytes; only a regular file of at most MAX_FILE_BYTES is read (a FIFO or device would block
     or never end)."""
@@ -255,7 +286,10 @@ def _parse_json(data: bytes, p: str) -> Any:
     if not text.strip():
         raise ThresholdFileError(f"thresholds file {p!r} is empty")
     try:
-        return json.loads(text, parse_float=_parse_float, parse_constant=_reject_constant)
+        return json.loads(text, parse_float=_parse_float, parse_constant=_reject_constant,
+                          object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise ThresholdFileError(f"thresholds file {p!r}: {e}") from None
     except json.JSONDecodeError as e:
         raise ThresholdFileError(f"thresholds file {p!r} is not valid JSON (corrupt or truncated?): {e}") from None
     except RecursionError:
@@ -315,7 +349,7 @@ class ThresholdTable:
                 _is_num(r) and r >= 0 for r in residual_ms):
             raise ValueError(f"residual_ms must be {M} finite numbers >= 0 (ms left in each model's running "
                              f"batch, 0 when idle), got {_short(residual_ms)}")
-        return tuple(waiting), tuple(float(r) for r in residual_ms)
+        return tuple(waiting), tuple(min(float(r), MAX_RESIDUAL_MS) for r in residual_ms)
 
     def _half_quantum(self) -> float:
         return 0.5 * self.delta_ms if self.delta_ms else 0.0
@@ -342,7 +376,8 @@ class ThresholdTable:
 
         The project's rule lives in ``tr_core.quanta``; this file is vendored alone (standard library only), so
         it restates it, and tests/test_grid_rounding.py checks the two agree."""
-        return int(round(ms / self.delta_ms))
+        q = ms / self.delta_ms
+        return int(round(q)) if q < 2.0 ** 62 else 2 ** 62   # saturates: every accepted input stays finite
 
     def _batches(self, running_batch: Any, residual_ms: tuple, half: float) -> tuple:
         M = self.num_models
@@ -524,6 +559,10 @@ class ThresholdTable:
             raise fail(f"unsupported schema_version {_short(ver)} (this reader supports "
                        f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})"
                        + (f"; the file was written by a newer tool: {UPGRADE_HINT}" if newer else ""))
+        extra = sorted(set(doc) - TOP_LEVEL_FIELDS)
+        if extra:
+            raise fail(f"unknown field {_short(extra[0])} (a thresholds file has only "
+                       f"{', '.join(sorted(TOP_LEVEL_FIELDS))})")
         fmt = doc.get("format", THRESHOLDS_FORMAT)
         if not isinstance(fmt, str) or fmt != THRESHOLDS_FORMAT:
             raise fail(f"'format' must be {THRESHOLDS_FORMAT!r}, got {_short(fmt)}")
@@ -531,8 +570,8 @@ class ThresholdTable:
             if key not in doc:
                 raise fail(f"missing field {key!r}")
         M = doc["num_models"]
-        if not _is_int(M) or M < 1:
-            raise fail(f"'num_models' must be an integer >= 1, got {_short(M)}")
+        if not _is_int(M) or not 1 <= M <= MAX_MODELS:
+            raise fail(f"'num_models' must be an integer in 1..{MAX_MODELS}, got {_short(M)}")
         nmax = doc["max_concurrency"]
         if not _is_int(nmax) or not 1 <= nmax <= MAX_CONCURRENCY_LIMIT:
             raise fail(f"'max_concurrency' must be an integer in 1..{MAX_CONCURRENCY_LIMIT}, got {_short(nmax)}")
@@ -561,8 +600,8 @@ class ThresholdTable:
                 if key in e and not nullable:
                     raise fail(f"{name}.{key} must be a finite number >= {minimum:g}, got null")
                 return None
-            if not _is_num(v) or v < minimum:
-                raise fail(f"{name}.{key} must be a finite number >= {minimum:g}, got {_short(v)}")
+            if not _is_num(v) or not minimum <= v <= MAX_TOK_S:
+                raise fail(f"{name}.{key} must be a finite number in [{minimum:g}, {MAX_TOK_S:g}], got {_short(v)}")
             return float(v)
 
         fallback = vector(doc["fallback_thresholds"], "'fallback_thresholds'", None)
@@ -584,6 +623,10 @@ class ThresholdTable:
             name = f"entries[{k}]"
             if not isinstance(e, dict):
                 raise fail(f"{name} must be an object, got {_short(e)}")
+            unknown = sorted(set(e) - ENTRY_FIELDS)
+            if unknown:
+                raise fail(f"{name} has unknown field {_short(unknown[0])}")
+            _row_types(e, name, fail)
             for key in ("active_requests", "thresholds"):
                 if key not in e:
                     raise fail(f"{name} is missing field {key!r}")
@@ -660,8 +703,9 @@ class ThresholdTable:
                 raise fail(f"'model_names' must be a list of {M} strings, got {_short(names)}")
             names = tuple(names)
         delta = doc.get("delta_ms")
-        if delta is not None and (not _is_num(delta) or delta <= 0):
-            raise fail(f"'delta_ms' must be a number > 0, got {_short(delta)}")
+        if delta is not None and (not _is_num(delta) or not DELTA_MS_RANGE[0] <= delta <= DELTA_MS_RANGE[1]):
+            raise fail(f"'delta_ms' must be a number in [{DELTA_MS_RANGE[0]:g}, {DELTA_MS_RANGE[1]:g}] ms, "
+                       f"got {_short(delta)}")
         digest = doc.get("spec_sha256")
         if digest is not None and not isinstance(digest, str):
             raise fail(f"'spec_sha256' must be a string, got {_short(digest)}")
@@ -696,6 +740,26 @@ class ThresholdTable:
                        policy_step_ms_beside_running=pol.get("step_ms_beside_running", ()))))
 
 
+_ROW_TYPES = {"states": "int", "evaluated": "int", "pruned": "int", "seconds": "num", "policy_seconds": "num",
+              "residual": "num?", "gain_vs_eager": "num?", "solver": "str?"}
+
+
+def _row_types(e: Mapping[str, Any], name: str, fail) -> None:
+    """The informational row fields the reader does not use still have one type each (no type mixes)."""
+    for key, kind in _ROW_TYPES.items():
+        if key not in e:
+            continue
+        v = e[key]
+        if kind.endswith("?") and v is None:
+            continue
+        ok = {"int": lambda x: _is_int(x) and 0 <= x < 2 ** 63, "num": lambda x: _is_num(x) and x >= 0,
+              "num?": _is_num, "str?": lambda x: isinstance(x, str)}[kind](v)
+        if not ok:
+            want = {"int": "an integer >= 0", "num": "a finite number >= 0", "num?": "a finite number or null",
+                    "str?": "a string or null"}[kind]
+            raise fail(f"{name}.{key} must be {want}, got {_short(v)}")
+
+
 def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
     """The top-level ``policy`` object of a version-3 file, validated."""
     if "policy" not in doc:
@@ -714,13 +778,14 @@ def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
         raise fail(f"'policy.columns' must be {list(cols)} for class {cls!r}, got {_short(pol.get('columns'))}")
     caps = pol.get("max_batch_size")
     if (not isinstance(caps, list) or len(caps) != M
-            or not all(c is None or (_is_int(c) and c >= 1) for c in caps)):
+            or not all(c is None or (_is_int(c) and 1 <= c <= MAX_CONCURRENCY_LIMIT) for c in caps)):
         raise fail(f"'policy.max_batch_size' must be a list of {M} integers >= 1 or null (no cap), got {_short(caps)}")
     out = {"class": cls, "columns": cols, "max_batch_size": tuple(caps)}
     if cls != "busy":
         delta = doc.get("delta_ms")
-        if not _is_num(delta) or delta <= 0:
-            raise fail(f"policy class {cls!r} needs 'delta_ms' (the residual times are compared on its grid)")
+        if not _is_num(delta) or not DELTA_MS_RANGE[0] <= delta <= DELTA_MS_RANGE[1]:
+            raise fail(f"policy class {cls!r} needs 'delta_ms' in [{DELTA_MS_RANGE[0]:g}, {DELTA_MS_RANGE[1]:g}] ms "
+                       f"(the residual times are compared on its grid)")
     if cls in STEP_CLASSES:
         for key in ("step_ms", "step_ms_beside_running"):
             v = pol.get(key)
@@ -733,8 +798,9 @@ def _policy_header(doc: Mapping[str, Any], M: int, nmax: int, fail) -> dict:
                     raise fail(f"'policy.{key}[{i}]' must be a list of {nmax} step lengths in ms (batch sizes "
                                f"1..max_concurrency), got {_short(row)}")
                 for b, x in enumerate(row):
-                    if not _is_num(x) or x <= 0:
-                        raise fail(f"'policy.{key}[{i}][{b}]' must be a finite number > 0 (ms), got {_short(x)}")
+                    if not _is_num(x) or not 0 < x <= MAX_STEP_MS:
+                        raise fail(f"'policy.{key}[{i}][{b}]' must be a number in (0, {MAX_STEP_MS:g}] ms, "
+                                   f"got {_short(x)}")
                 rows.append(tuple(float(x) for x in row))
             out[key] = tuple(rows)
     else:
@@ -764,9 +830,9 @@ def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | N
                        f"got {_short(r)}")
         for c, b in enumerate(r):
             if c > 0 and pol["class"] in WINDOW_CLASSES:
-                if not _is_num(b) or b < 0:
-                    raise fail(f"{name}.policy_thresholds[{j}][{c}] ({cols[c]}) must be a finite number >= 0 "
-                               f"(ms), got {_short(b)}")
+                if not _is_num(b) or not 0 <= b <= MAX_WINDOW_MS:
+                    raise fail(f"{name}.policy_thresholds[{j}][{c}] ({cols[c]}) must be a number in "
+                               f"[0, {MAX_WINDOW_MS:g}] ms, got {_short(b)}")
                 continue
             if b is None and c > 0:
                 continue
@@ -792,8 +858,8 @@ def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | N
         raise fail(f"{name}.policy_thresholds = {_short(v)} must repeat thresholds = {list(B)} in every column "
                    f"(policy_certificate 'thresholds')")
     pp = e.get("policy_predicted_tok_s")
-    if pp is not None and (not _is_num(pp) or pp < 0):
-        raise fail(f"{name}.policy_predicted_tok_s must be a finite number >= 0, got {_short(pp)}")
+    if pp is not None and (not _is_num(pp) or not 0 <= pp <= MAX_TOK_S):
+        raise fail(f"{name}.policy_predicted_tok_s must be a number in [0, {MAX_TOK_S:g}], got {_short(pp)}")
     if pc == "local":
         if pp is None:
             raise fail(f"{name} has policy_certificate 'local' but no 'policy_predicted_tok_s'")
@@ -809,7 +875,7 @@ def _policy_row(e: Mapping[str, Any], name: str, n: int, B: tuple, cert: str | N
 def _check_spec_agrees(doc: Mapping[str, Any], M: int, fail) -> None:
     """The file's own fields agree with its embedded spec: model count, model names, time quantum."""
     spec = doc["spec"]
-    for key in ("step_latency_ms", "routing_matrix", "committed_tokens"):
+    for key in ("step_latency_ms", "routing_matrix", "committed_tokens", "model_names", "max_batch_size"):
         v = spec.get(key)
         if isinstance(v, list) and len(v) != M:
             raise fail(f"'num_models' = {M} disagrees with the embedded spec, whose {key!r} has {len(v)} models")
@@ -834,10 +900,17 @@ class WatchedThresholds:
     current table's.
     """
 
-    def __init__(self, path: str | os.PathLike, check_interval_s: float = 1.0):
+    def __init__(self, path: str | os.PathLike, check_interval_s: float = 1.0, *, accept=None, on_error=None):
         self.path = os.fspath(path)
         self.check_interval_s = float(check_interval_s)
-        self.table = ThresholdTable.load(self.path)
+        self.accept, self.on_error = accept, on_error
+        self.reloads = 0
+        self.refused_reloads = 0
+        table = ThresholdTable.load(self.path)
+        why = accept(table) if accept is not None else None
+        if why:
+            raise ThresholdFileError(f"thresholds file {self.path!r}: {why}")
+        self.table = table
         self.last_error: str | None = None
         self._stamp = self._stat()
         self._checked = time.monotonic()
@@ -862,11 +935,21 @@ class WatchedThresholds:
             return False
         try:
             table = ThresholdTable.load(self.path)
+            why = self.accept(table) if self.accept is not None else None
+            if why:
+                raise ThresholdFileError(f"thresholds file {self.path!r}: {why}")
         except Exception as e:  # noqa: BLE001 - a running server keeps its last good table
             self.last_error = str(e) if isinstance(e, ThresholdFileError) else f"{type(e).__name__}: {_short(e)}"
             self._stamp = stamp
+            self.refused_reloads += 1
+            if self.on_error is not None:
+                try:
+                    self.on_error(self.last_error)
+                except Exception:  # noqa: BLE001 - a logging failure must not stop the server
+                    pass
             return False
         self.table = table
+        self.reloads += 1
         self._stamp = stamp
         self.last_error = None
         return True

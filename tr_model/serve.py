@@ -75,7 +75,8 @@ class ServeLimits:
         for name in ("max_tokens", "max_prompt_tokens", "max_body_bytes", "max_json_depth"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2 ** 40:
-                raise SpecError(f"--{name.replace('_', '-')} must be an integer in 1..2^40, got {v!r}")
+                flag = "--max-tokens-limit" if name == "max_tokens" else f"--{name.replace('_', '-')}"
+                raise SpecError(f"{flag} must be an integer in 1..2^40, got {v!r}")
         if self.max_waiting is not None and (isinstance(self.max_waiting, bool) or not isinstance(
                 self.max_waiting, int) or not 0 <= self.max_waiting <= 2 ** 31):
             raise SpecError(f"--max-waiting must be an integer in 0..2^31, got {self.max_waiting!r}")
@@ -244,6 +245,7 @@ class RuntimeService:
             await self._sem.acquire()
         finally:
             self.waiting_admission -= 1
+        handed_off = False
         try:
             if self.draining:
                 raise RequestError("the server is shutting down", status=503, kind="server_error",
@@ -259,15 +261,26 @@ class RuntimeService:
                     raise RequestError(f"the runtime stopped: {self.failure}", status=503, kind="server_error")
                 await self.rt.submit(req)
             except asyncio.CancelledError:
-                self.rt.cancel(req)   # the client is gone (or its deadline passed): free its slot at the next step
+                # the client is gone (or its deadline passed): the runtime drops the request at its next step;
+                # its admission slot is held until then, so the runtime never holds more than max_concurrency
+                if req.state != "finished":
+                    req.future = asyncio.get_running_loop().create_future()
+                    self.rt.cancel(req)
+                    if req.state != "finished" or not req.future.done():
+                        handed_off = True
+                        req.future.add_done_callback(lambda f, r=req: self._release(r))
                 raise
             except RuntimeError as e:
                 raise RequestError(str(e), status=503, kind="server_error") from None
             finally:
-                self._tick()
-                self.in_flight.discard(req)
-        finally:
-            self._sem.release()
+                if not handed_off:
+                    self._tick()
+                    self.in_flight.discard(req)
+        except BaseException:
+            if not handed_off:
+                self._sem.release()
+            raise
+        self._sem.release()
         committed = req.committed
         last = self.spec.M - 1
         llm = req.committed_by_model.get(last, 0.0) if self.spec.M > 1 else 0.0
@@ -277,6 +290,12 @@ class RuntimeService:
                 "llm_ratio": (llm / committed) if committed > 0 else 0.0,
                 "tokens_by_model": [req.committed_by_model.get(i, 0.0) for i in range(self.spec.M)],
                 "output_ids": list(req.token_ids[req.prompt_len:])}
+
+    def _release(self, req) -> None:
+        """A cancelled request has left the runtime: its admission slot is free."""
+        self._tick()
+        self.in_flight.discard(req)
+        self._sem.release()
 
     def cancel_all(self, message: str = "the server is shutting down") -> int:
         """Fail every request in the runtime with a 503 now (shutdown); their slots are freed at their next step.

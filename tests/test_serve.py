@@ -64,6 +64,7 @@ def _closed_loop_on_virtual_clock(N, table, duration_s, max_tokens=32, seed=0):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(1.0)   # the cancelled requests leave the runtime at their next step, freeing their slots
         health = svc.health()
         await svc.stop()
         return done, t_start, t_end, health

@@ -407,6 +407,8 @@ class PhaseResult:
     server_throughput_tok_s: float | None = None
     server_throughput_ci95_tok_s: float | None = None
     server_slices: int | None = None
+    admission_limit: int | None = None       # the server's max_concurrency from /health, when it reports one
+    over_admission_limit: bool = False       # N above it (measured only with allow_over_admission): N is not N
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, load_average=list(self.load_average))
@@ -416,13 +418,38 @@ def _prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
+def admission_limit(health: Any) -> int | None:
+    """The most requests the server runs at once, from its ``/health`` (tr-autotune serve: ``max_concurrency``,
+    also under ``limits``); None when it does not say."""
+    if not isinstance(health, dict):
+        return None
+    for doc in (health.get("limits"), health):
+        v = doc.get("max_concurrency") if isinstance(doc, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+    return None
+
+
 def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retries: int = 3,
               slices: int = 10, time_scale: float = 1.0, prompt_words: int = 16, seed: int = 0,
               clock: Callable[[], float] = time.monotonic, on_progress: Callable[[str], None] | None = None,
-              track_server: bool = True) -> PhaseResult:
-    """Keep N requests in flight for ``warmup_s + duration_s`` wall seconds (plus the tail) and measure."""
+              track_server: bool = True, allow_over_admission: bool = False) -> PhaseResult:
+    """Keep N requests in flight for ``warmup_s + duration_s`` wall seconds (plus the tail) and measure.
+
+    Before any traffic the server's ``/health`` is read: an N above the admission limit it reports would be
+    measured at that limit (the rest wait), so it is refused (:class:`BenchError`), or with
+    ``allow_over_admission`` measured and marked (``admission_limit``, ``over_admission_limit``)."""
     if N > MAX_CLIENTS:
         raise LimitError(f"--N {N}: at most {MAX_CLIENTS} concurrent clients (one thread each)")
+    try:
+        st, hdoc = get_json(t, "/health", min(5.0, t.request_timeout_s))
+    except BenchError:
+        st, hdoc = 0, None
+    limit = admission_limit(hdoc) if 200 <= st < 300 else None
+    if limit is not None and N > limit and not allow_over_admission:
+        raise BenchError(f"--N {N} is above the server's admission limit of {limit} requests in flight (its /health "
+                         f"max_concurrency): the row would measure N = {limit} with {N - limit} waiting; measure "
+                         f"N <= {limit} or start the server with a larger --N")
     lock = threading.Lock()
     stop = threading.Event()      # no new requests (tail over, or a failure)
     abort = threading.Event()     # give up now (failure or Ctrl-C)
@@ -538,6 +565,8 @@ def run_phase(t: Target, N: int, *, warmup_s: float, duration_s: float, max_retr
         raise e if isinstance(e, TRError) else BenchError(f"a client failed: {_describe(e)}")
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     r = _summarize(N, records, workers, t_start, t_end, time_scale, slices, state["retries"], (load0, load1))
+    from dataclasses import replace
+    r = replace(r, admission_limit=limit, over_admission_limit=limit is not None and N > limit)
     return _with_server(r, readings, time_scale)
 
 

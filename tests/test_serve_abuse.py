@@ -280,3 +280,20 @@ def test_interrupting_measure_leaves_no_event_loop_traceback(sig, code):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert "Event loop is closed" not in err and "Traceback" not in err and "destroyed but it is pending" not in err
+
+
+def test_serve_bench_refuses_or_marks_an_N_above_the_servers_admission_limit():
+    from profiler import serve_bench as sb
+    with _server(EAGER + ["--time-scale", "0.2"]) as (proc, url):
+        r = subprocess.run([sys.executable, "-m", "profiler.cli", "serve-bench", "--url", url, "--N", "4",
+                            "--duration-s", "0.5", "--warmup-s", "0"], capture_output=True, text=True, env=ENV,
+                           timeout=120)
+        assert r.returncode == 2 and "admission limit of 2" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert _get(url, "/health")["completed_requests"] == 0          # refused before any traffic
+        host, port = _host_port(url)
+        t = sb.Target("http", host, port, "", "completions", "tokenrouter", 4)
+        row = sb.run_phase(t, 3, warmup_s=0.0, duration_s=0.5, allow_over_admission=True, track_server=False)
+        assert row.admission_limit == 2 and row.over_admission_limit and row.requests > 0
+        row = sb.run_phase(t, 2, warmup_s=0.0, duration_s=0.3, track_server=False)
+        assert row.admission_limit == 2 and not row.over_admission_limit
+        assert _idle(_wait(_idle, url))

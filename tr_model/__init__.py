@@ -16,6 +16,7 @@ This package is the face of the project (the top layer: nothing below imports it
 - ``autotune``: the server-start hook and the thresholds-table computation;
 - ``thresholds``: the vendorable thresholds-file reader (no project imports, on purpose);
 - ``kvplan``: the joint KV-cache plan of co-located models;
+- ``plan``, ``plan_cli``: the deployment planner (``tr-plan``) for a routed model pair;
 - ``runtime``: the reference asyncio runtime (delayed batching) and its executors;
 - ``plots``, ``sensitivity``: figures and parameter sweeps.
 
@@ -32,7 +33,7 @@ from tr_core.version import __version__
 
 __all__ = ["SystemSpec", "LatencyCurve", "CorunLatency", "make_spec", "preset", "PRESETS", "load_spec", "save_spec",
            "spec_from_dict", "spec_to_dict", "evaluate", "optimize", "optimize_many", "TRError", "SpecError",
-           "StateSpaceTooLarge", "__version__"]
+           "StateSpaceTooLarge", "__version__", "plan"]
 
 
 def __getattr__(name):
@@ -40,4 +41,7 @@ def __getattr__(name):
     if name in ("evaluate", "optimize", "optimize_many"):
         from tr_model import api
         return getattr(api, name)
+    if name == "plan":  # the deployment planner: the module tr_model.plan, callable as tr_model.plan.plan
+        import importlib
+        return importlib.import_module("tr_model.plan")
     raise AttributeError(f"module 'tr_model' has no attribute {name!r}")

@@ -420,6 +420,8 @@ def plan(models: Sequence[str | os.PathLike], gpu: str | GPUKind, gpus: int, N: 
                                 tuple(o.best.roundings)))
             if progress is not None:
                 progress(done, total)
+    if progress is not None:
+        progress(total, total)
     if not any(kept.values()):
         first = next((d for d in dropped if d.reason == "does not fit"), None)
         raise SpecError(f"no placement of {', '.join(names)} fits on {G} x {gk.name} "
@@ -491,3 +493,16 @@ def plan_to_dict(res: PlanResult) -> dict:
             "best": {str(n): (_plan_dict(res.plans[n][0])["label"] if res.plans[n] else None) for n in res.Ns},
             "dropped": [{"N": d.N, "placement": d.candidate.placement_dict(), "colocated": d.candidate.colocated,
                          "label": d.candidate.label, "reason": d.reason, "detail": d.detail} for d in res.dropped]}
+
+
+class _CallableModule(type(os)):
+    """``tr_model.plan(...)`` calls :func:`plan`: the submodule and the function share the name, so the
+    module (what ``tr_model.plan`` names once imported) forwards a call to the function."""
+
+    def __call__(self, *args, **kwargs):
+        return plan(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

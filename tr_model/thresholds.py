@@ -92,6 +92,13 @@ Rules the reader enforces (each violation names the field):
   violates it can deadlock a closed system of N requests);
 * every number is a finite JSON number of the right type (no strings, no
   booleans, no NaN or infinity, nothing that overflows a double);
+* every number lies in its stated finite range: ``num_models`` 1..4096, ``max_concurrency`` and batch caps
+  1..2^31-1, ``delta_ms`` [1e-6, 1e6] ms, step lengths (0, 1e9] ms, ``window_ms`` [0, 1e9] ms, tokens/s
+  [0, 1e15] (``MAX_*`` and ``DELTA_MS_RANGE`` below), so that no accepted value can overflow a decision:
+  :meth:`ThresholdTable.decide` never raises on a state it accepts (a residual above 1e12 ms counts as 1e12);
+* no unknown field (top level, rows, ``policy``), no key twice in one object, the informational row fields
+  (``states``, ``seconds``, ``solver``...) of their one type, and every per-model list of the embedded spec
+  of ``num_models`` entries;
 * values that cannot occur are refused: a ``gap`` outside [0, 1], a ``fallback_thresholds`` other
   than all ones (it applies at any N, N = 1 included), an exact row below its own eager throughput,
   a ``num_models``, ``model_names`` or ``delta_ms`` that disagrees with the embedded ``spec``;

@@ -29,6 +29,7 @@ COMMANDS = (
     ("tr-profile", "profiler.cli", "measure step latencies L_i(b), estimate P and C from routing traces, build specs"),
     ("tr-autotune", "tr_model.autotune_cli", "thresholds file for a server, its reader, KV-cache plan"),
     ("tr-shadow", "shadow_prefill.cli", "ShadowPrefill: per-call routing of agent sessions"),
+    ("tr-plan", "tr_model.plan_cli", "rank GPU placements of a routed model pair (TP, co-location, GPUs)"),
 )
 
 

@@ -297,3 +297,49 @@ def test_serve_bench_refuses_or_marks_an_N_above_the_servers_admission_limit():
         row = sb.run_phase(t, 2, warmup_s=0.0, duration_s=0.3, track_server=False)
         assert row.admission_limit == 2 and not row.over_admission_limit
         assert _idle(_wait(_idle, url))
+
+
+def test_cancelled_requests_leave_the_runtime_and_free_their_slots_on_the_virtual_clock():
+    """Cancel a request in every state it can be in (not yet admitted, queued, running, routed to a peer): each
+    leaves the runtime, the executor's release() sees it once, the active count and the admission slots return
+    to idle, and requests that were not cancelled still get all their tokens.  Eager thresholds: a fixed
+    threshold above the active count would wait for requests that never come, cancelled or not."""
+    import asyncio
+    from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
+    from tr_model.serve import RuntimeService
+
+    class Counting(EmulatedExecutor):
+        released: list = []
+
+        def release(self, req):
+            self.released.append(req.rid)
+
+    async def main():
+        ex = Counting(SPEC.latency_ms)
+        svc = RuntimeService(SPEC, FixedThresholds((1, 1)), ex, max_concurrency=3)
+        svc.start()
+        states = []
+        for delay in (0.0, 0.003, 0.013, 0.05, 0.2, 0.5):   # before admission, queued, running, later steps
+            keep = asyncio.ensure_future(svc.generate([1], 20))
+            gone = asyncio.ensure_future(svc.generate([1, 2], 500))
+            await asyncio.sleep(delay)
+            states.append(next((r.state for r in svc.in_flight if r.max_output_tokens == 500), "-"))
+            gone.cancel()
+            out = await keep
+            assert out["completion_tokens"] == 20
+            await asyncio.sleep(0.5)
+            assert svc.in_flight == set() and svc._sem._value == 3
+            assert all(s.active_view == 0 for s in svc.rt.subservers)
+            assert all(not s.waiting for s in svc.rt.subservers) and svc.rt.in_flight == 0
+        h = svc.health()
+        await svc.stop()
+        return states, h, ex.released
+
+    loop = VirtualTimeLoop()
+    try:
+        states, h, released = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert h["cancelled_requests"] == 6 and h["in_flight"] == 0 and h["admission_free"] == 3
+    assert len(released) == len(set(released)) == 12          # every request released exactly once
+    assert {"submitted", "waiting", "running"} <= set(states) or {"waiting", "running"} <= set(states), states

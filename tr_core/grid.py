@@ -87,10 +87,9 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
     if path.lower().endswith(".csv"):
         rows: dict[int, list[tuple[int, float]]] = {}
         reader = csv.DictReader(text.splitlines())
-        need = {"model", "batch_size", "step_latency_ms"}
-        if reader.fieldnames is None or not need <= set(reader.fieldnames):
-            raise SpecError(f"--L-table {path!r}: CSV header must have columns model,batch_size,step_latency_ms")
+        _check_csv_header(reader, f"--L-table {path!r}")
         for n, row in enumerate(reader, start=2):
+            _check_csv_row(row, f"--L-table {path!r} line {n}")
             try:
                 i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
             except (TypeError, ValueError):
@@ -98,6 +97,9 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
                                 f"step_latency_ms a number") from None
             if not 0 <= i < M:
                 raise SpecError(f"--L-table {path!r} line {n}: model {i} is not in 0..{M - 1}")
+            if not math.isfinite(v):
+                raise SpecError(f"--L-table {path!r} line {n}: step_latency_ms must be finite, "
+                                f"got {row['step_latency_ms']!r}")
             rows.setdefault(i, []).append((b, v))
         curves: list[LatencyCurve | None] = []
         for i in range(M):
@@ -121,6 +123,28 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
     return [None if c is None else LatencyCurve.from_dict(c, f"--L-table[{i}]") for i, c in enumerate(doc)]
 
 
+_CSV_COLUMNS = ("model", "batch_size", "step_latency_ms")
+
+
+def _check_csv_header(reader: csv.DictReader, label: str) -> None:
+    """A latency-table CSV has exactly the columns model,batch_size,step_latency_ms (any order): a missing,
+    repeated or unknown column is refused (csv would keep the last of two equal names without a word)."""
+    names = reader.fieldnames
+    if names is None or not set(_CSV_COLUMNS) <= set(names):
+        raise SpecError(f"{label}: CSV header must have columns {','.join(_CSV_COLUMNS)}, got "
+                        f"{','.join(names or []) or 'none'}")
+    for k, name in enumerate(names):
+        if name in names[:k]:
+            raise SpecError(f"{label}: CSV column {name!r} appears twice in the header (each column once)")
+        if name not in _CSV_COLUMNS:
+            raise SpecError(f"{label}: unknown CSV column {name!r} (the columns are {','.join(_CSV_COLUMNS)})")
+
+
+def _check_csv_row(row: dict, label: str) -> None:
+    if None in row:  # more fields than the header has columns
+        raise SpecError(f"{label}: {len(_CSV_COLUMNS) + len(row[None])} fields, the header has {len(_CSV_COLUMNS)}")
+
+
 def load_corun_table(path: str | os.PathLike, M: int) -> list[CorunLatency | None]:
     """Read per-model co-running latencies ``Lco_i(b)`` (``--corun-L-table``) from JSON or CSV.
 
@@ -137,10 +161,9 @@ def load_corun_table(path: str | os.PathLike, M: int) -> list[CorunLatency | Non
     if path.lower().endswith(".csv"):
         rows: dict[int, list[tuple[int, float]]] = {}
         reader = csv.DictReader(text.splitlines())
-        need = {"model", "batch_size", "step_latency_ms"}
-        if reader.fieldnames is None or not need <= set(reader.fieldnames):
-            raise SpecError(f"{flag}: CSV header must have columns model,batch_size,step_latency_ms")
+        _check_csv_header(reader, flag)
         for n, row in enumerate(reader, start=2):
+            _check_csv_row(row, f"{flag} line {n}")
             try:
                 i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
             except (TypeError, ValueError):

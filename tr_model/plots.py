@@ -65,6 +65,10 @@ def check_plot_path(path: str | os.PathLike) -> str:
     """
     path = os.fspath(path)
     fmt = _format_of(path)
+    if os.path.isdir(path):  # found now, not when the figure is saved after all the work and the other outputs
+        raise SpecError(f"plot file {path!r} is a folder, not a file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise SpecError(f"plot file {path!r} is not a regular file (a device, pipe or socket); give a file name")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise SpecError(f"plot file {path!r}: folder {folder!r} does not exist")

@@ -22,7 +22,7 @@ import time
 from typing import Any, Sequence
 
 from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_out_path,
-                         deprecated_alias, emit, format_table, note, output_format, parse_int_ranges,
+                         deprecated_alias, emit, format_table, note, output_format, parse_int_ranges, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 
@@ -265,6 +265,9 @@ def cmd_latency(a: argparse.Namespace) -> int:
         raise SpecError(f"--config {a.config!r} does not exist")
     if a.corun_batch_size is not None and a.corun is None:
         raise SpecError("--corun-batch-size needs --corun (the model that runs beside the timed one)")
+    _refuse_latency_options(a)
+    if _out_is_json(a, fmt):
+        refuse_given(a, ["run_dir"], "has no effect when --out receives the JSON profile (no run folder is made)")
     corun_batch = 1 if a.corun_batch_size is None else a.corun_batch_size
     if a.corun is not None:
         if not os.path.exists(a.corun):
@@ -361,11 +364,48 @@ def cmd_roofline(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------
 # routing
 
+def _refuse_latency_options(a) -> None:
+    """Latency-measurement options the chosen mode ignores (latency and system)."""
+    if a.mode != "extend":
+        refuse_given(a, ["extend_tokens"], f"applies to --mode extend, not --mode {a.mode} (a decode step appends "
+                     "one token per request)")
+
+
+def _refuse_system_dropped(a) -> None:
+    """``system``: options for work the chosen inputs skip (recording a trace, profiling the models)."""
+    if a.trace:
+        refuse_given(a, ["policy", "tau", "weights", "max_new_tokens", "temperature", "eos_token_id", "tokenizer",
+                         "common_vocab"], "applies to recording a trace with --prompts, not to a given --trace")
+    if a.latency_profile:
+        refuse_given(a, ["batch_sizes", "mode", "context", "extend_tokens", "warmup_steps", "steps", "cuda_graph",
+                         "attention", "bandwidth_gbs"], "measures the --model latencies; --latency-profile gives "
+                     "them (nothing is profiled)")
+        if a.trace:
+            refuse_given(a, ["dtype", "device", "threads"], "has no effect with --trace and --latency-profile (no "
+                         "model is loaded)")
+
+
+def _refuse_spec_options(a) -> None:
+    """Spec options that the others make moot (routing and system)."""
+    if getattr(a, "latency_curve", "table") != "constant":
+        refuse_given(a, ["latency_batch_size"], "applies to --latency-curve constant (the batch size whose median is "
+                     "L_i)")
+    if getattr(a, "delta_ms", None) != "auto":
+        refuse_given(a, ["delta_rtol"], "applies to --delta-ms auto only (it bounds the rounding auto chooses)")
+    if getattr(a, "L", None) is not None:
+        refuse_given(a, ["latency_curve", "allow_mixed"], "applies to --latency-profile (--L gives constant "
+                     "latencies)")
+
+
 def _routing_summary(est) -> tuple[list[dict], list[str]]:
     from profiler.routing import table_rows
     rows = table_rows(est)
     lines = [f"trace: {est.lines} lines, {est.decisions} routing decisions, {est.final_steps} finished requests, "
              f"{est.seconds:.2f} s"]
+    missing = est.unobserved_models()
+    if missing:
+        lines.append(f"note: model(s) {', '.join(map(str, missing))} take no routing decision in the trace: their "
+                     f"rows of P and C are unknown ('-' in the table, null in JSON), and no spec can be built from it")
     for g in est.geometric:
         lines.append(f"model {g.model} runs: {g.verdict}")
     lines.append(f"escalation from model 0 across {est.escalation.requests} requests: {est.escalation.verdict}")
@@ -404,6 +444,13 @@ def _spec_from(est, a, profiles=None, extra=None, corun_profiles=None):
 
     if profiles is None and getattr(a, "latency_profile", None):
         profiles = [load_latency_profile(p) for p in a.latency_profile]
+    if profiles:
+        for i in range(len(profiles)):
+            for j in range(i):
+                if profiles[i] == profiles[j]:
+                    print(f"warning: --latency-profile: models {j} and {i} have the same profile ({profiles[i].model}, "
+                          f"every figure equal): both models would be timed alike; was one file given twice?",
+                          file=sys.stderr)
     if corun_profiles is None:
         corun_profiles = _corun_profiles(a)
     L = getattr(a, "L", None)
@@ -431,6 +478,10 @@ def cmd_routing(a: argparse.Namespace) -> int:
                         "co-running tables to a spec")
     if a.models is not None and not 1 <= a.models <= 64:
         raise SpecError(f"--models must be in 1..64, got {a.models}")
+    if a.L is None and not a.latency_profile:  # no spec is built: its options would be dropped
+        refuse_given(a, ["latency_curve", "latency_batch_size", "delta_ms", "delta_rtol", "allow_mixed", "name"],
+                     "shapes the spec, which is built only with latencies (--L or --latency-profile)")
+    _refuse_spec_options(a)
     if a.trace_out:
         if a.trace_format != "r2r":
             raise SpecError("--trace-out converts R2R records: use it with --trace-format r2r")
@@ -449,6 +500,9 @@ def cmd_routing(a: argparse.Namespace) -> int:
     else:
         doc = json_safe({"n_models": est.n_models, "routing_matrix": est.P, "committed_tokens": est.C,
                          **routing_provenance(est)})
+        notes = [line[len("note: "):] for line in lines if line.startswith("note: model(s)")]
+        if notes:  # what the nulls in the matrices mean
+            doc["notes"] = notes
     text = _render(rows, fmt, doc, lines)
     if a.trace_out:  # written once everything is validated and computed (atomically, like --out)
         from profiler.r2r import r2r_routing_trace
@@ -494,8 +548,12 @@ def _route_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _do_route_run(a: argparse.Namespace, models, names, trace_out: str):
+    """Run the policy and record its trace into ``trace_out``: under a temporary name beside it, renamed onto it
+    when the run is complete, so an error or a signal leaves no partial trace (and an existing file as it was)."""
+    import tempfile
     from profiler.route_run import load_prompts, run_routing_policy, shared_vocab_size
     from profiler.trace import RoutingTraceRecorder
+    from tr_core.fileio import signals_deferred
 
     if not a.prompts:
         raise SpecError("--prompts is required to run a routing policy")
@@ -504,11 +562,22 @@ def _do_route_run(a: argparse.Namespace, models, names, trace_out: str):
     vocab = shared_vocab_size(models, a.common_vocab)
     tok = a.tokenizer or next((p for p in a.model if os.path.isdir(p)), None)
     prompts = load_prompts(a.prompts, tok, vocab)
-    with RoutingTraceRecorder(trace_out) as rec:
-        res = run_routing_policy(models, prompts, policy=a.policy, tau=a.tau, weights=a.weights,
-                                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
-                                 eos_token_id=a.eos_token_id, recorder=rec, device=str(models[0].device),
-                                 common_vocab=a.common_vocab)
+    partial = None
+    try:
+        with signals_deferred():  # a signal here is raised at the end of the block, inside the clean-up's reach
+            fd, partial = tempfile.mkstemp(prefix="." + os.path.basename(trace_out) + ".", suffix=".tmp",
+                                           dir=os.path.dirname(os.path.abspath(trace_out)))
+            os.close(fd)
+        with RoutingTraceRecorder(partial) as rec:
+            res = run_routing_policy(models, prompts, policy=a.policy, tau=a.tau, weights=a.weights,
+                                     max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
+                                     eos_token_id=a.eos_token_id, recorder=rec, device=str(models[0].device),
+                                     common_vocab=a.common_vocab)
+        os.chmod(partial, 0o644)
+        os.replace(partial, trace_out)
+    finally:
+        if partial is not None and os.path.exists(partial):
+            os.unlink(partial)
     return res
 
 
@@ -526,6 +595,7 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     from tr_core.fileio import require_regular_file
     require_regular_file(a.prompts, "--prompts file")
     if a.trace_out:
+        refuse_given(a, ["run_dir"], "has no effect with --trace-out (the trace goes there; no run folder is made)")
         check_out_path(a.trace_out, "--trace-out")
     if a.out:
         check_out_path(a.out)
@@ -539,21 +609,9 @@ def cmd_route_run(a: argparse.Namespace) -> int:
     models, names = _load_models(a.model, dtype, device, a.seed)
     folder = None if a.trace_out else _run_dir(a.run_dir, f"route-run-{a.policy}")
     trace_out = a.trace_out or os.path.join(folder, "trace.jsonl")
-    # the trace is recorded under a temporary name beside it and renamed when the run is complete
-    import tempfile
-    from tr_core.fileio import signals_deferred
-    partial = None
-    try:
-        with signals_deferred():  # a signal here is raised at the end of the block, inside the clean-up's reach
-            fd, partial = tempfile.mkstemp(prefix="." + os.path.basename(trace_out) + ".", suffix=".tmp",
-                                           dir=os.path.dirname(os.path.abspath(trace_out)))
-            os.close(fd)
-        res = _do_route_run(a, models, names, partial)
-        os.chmod(partial, 0o644)
-        os.replace(partial, trace_out)
+    try:  # the trace is recorded under a temporary name beside it and renamed when the run is complete
+        res = _do_route_run(a, models, names, trace_out)
     except BaseException:
-        if partial and os.path.exists(partial):
-            os.unlink(partial)
         _drop_if_empty(folder)
         raise
     est = estimate_routing(trace_out, n_models=len(models))
@@ -575,8 +633,11 @@ def cmd_system(a: argparse.Namespace) -> int:
     paths = a.model or []
     if a.out:
         check_out_path(a.out)
+    _refuse_spec_options(a)
     if a.trace and a.prompts:
         raise SpecError("give either --trace or --prompts (to run a policy), not both")
+    _refuse_system_dropped(a)
+    _refuse_latency_options(a)
     if not a.trace and not a.prompts:
         raise SpecError("system needs a routing trace: --trace FILE, or --prompts with --policy to record one")
     if a.latency_profile and len(paths) and len(a.latency_profile) != len(paths):

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from tr_core.cli import Parser, add_output_args, add_version, check_out_path, deprecated_alias, emit, output_format, \
-    require_subcommand, run_cli
+    refuse_given, require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
 from shadow_prefill.errors import ShadowError
@@ -130,6 +130,9 @@ def _stats_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_stats(args) -> int:
     fmt = output_format(args)
+    if not args.latency:
+        refuse_given(args, ["gpu", "model_config", "tp", "chunk"], "applies with --latency (the isolated call "
+                     "latencies), which is not given")
     cap_default, cap_named = name_values(args.cache_capacity, "--cache-capacity", int_value("--cache-capacity"))
     capacity: Any = DEFAULT_CACHE_CAPACITY if cap_default is None else cap_default
     if cap_named:
@@ -189,6 +192,9 @@ def _sessions_parser(sub) -> argparse.ArgumentParser:
 def cmd_sessions(args) -> int:
     if args.matrix and not args.pair:
         raise ShadowError("--matrix needs --pair A B to write one routed workload")
+    if not args.matrix:
+        refuse_given(args, ["prices"], "has no effect on the session trace of --trace, --synthetic or --workload "
+                     "(prices route a --matrix only)")
     ss = workload_from_args(args)[0][0]
     if not args.out:
         format_session_trace(ss, sys.stdout)
@@ -223,6 +229,8 @@ def _latency_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_latency(args) -> int:
     fmt = output_format(args)
+    if args.profile:
+        refuse_given(args, ["gpu"], "applies to --model (the roofline on a GPU); --profile fits measured points")
     save = check_out_path(args.save_model, "--save-model") if args.save_model else None
     if args.profile:
         pts, kv = [], None

@@ -77,6 +77,16 @@ def test_inputs_hash_tracks_what_matters():
     assert inputs_sha256(with_prov, 8) == h
 
 
+def test_no_time_budget_computes_every_row_here_with_the_default_background(tmp_path, caplog):
+    """time_budget_s=None with the default background=True is the foreground computation, not a refusal
+    (which would start the server on the eager fallback)."""
+    out = tmp_path / "th.json"
+    with caplog.at_level("WARNING"):
+        t = on_server_start(SPEC, 4, out, time_budget_s=None)
+    assert not [r for r in caplog.records if "eager fallback" in r.getMessage()]
+    assert t.complete and t.covered_concurrency == 4 and t.lookup(4) == (1, 3)
+
+
 def test_time_budget_writes_a_partial_table_then_resumes(tmp_path):
     out = tmp_path / "th.json"
     t = on_server_start(SPEC, 7, out, time_budget_s=0.0, background=False)

@@ -717,6 +717,17 @@ def preset(algo: str, step_latency_ms: Sequence[float], p: float | None = None, 
     if algo not in PRESETS:
         raise SpecError(f"--algo must be one of {', '.join(PRESETS)}, got {algo!r}")
     L = list(step_latency_ms)
+    # a routing parameter the preset does not read is refused, naming it and the preset (never dropped)
+    if algo != "me" and weights is not None:
+        raise SpecError(f"--weights applies to preset 'me', not {algo!r} (which routes by --p"
+                        f"{' and --q' if algo == 'r-stitch' else ''}): give one of them")
+    if algo == "me":
+        for flag, v in (("--p", p), ("--q", q)):
+            if v is not None:
+                raise SpecError(f"{flag} applies to the two-model presets, not 'me' (which routes by --weights): "
+                                f"give one of them")
+    elif algo != "r-stitch" and q is not None:
+        raise SpecError(f"--q applies to preset 'r-stitch', not {algo!r} (which routes by --p alone)")
 
     def prob(x, flag):
         if x is None:
@@ -848,7 +859,8 @@ def spec_from_dict(d: Mapping[str, Any], where: str = "spec") -> SystemSpec:
         raise SpecError(f"{where}: unsupported schema_version {ver!r} (this tool reads {SPEC_SCHEMA_VERSION})")
     unknown = sorted(map(str, set(d) - _KNOWN_KEYS))
     if unknown:
-        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)} (free text belongs in 'name' or "
+                        f"'provenance')")
     for key in ("step_latency_ms", "routing_matrix", "committed_tokens"):
         if key not in d:
             raise SpecError(f"{where}: missing field {key!r}")

@@ -165,6 +165,9 @@ def _preset_from_args(a, curves, delta: float | None) -> SystemSpec:
         for dest in ("p", "q"):
             if getattr(a, dest, None) is not None:
                 flag = flag_name(a, dest, "--" + dest)
+                if not a.weights:
+                    raise SpecError(f"{flag} applies to the two-model presets (r2r, citer, co-llm, r-stitch), not "
+                                    f"--algo me (which routes by --weights)")
                 raise SpecError(f"{flag} and --weights both give the routing: {flag} applies to the two-model presets "
                                 f"(r2r, citer, co-llm, r-stitch), --weights to the ensemble (me); give one of them")
     if algo in ("r2r", "citer", "co-llm") and a.q is not None:

@@ -347,11 +347,13 @@ def _load_matching(path: str, inputs_hash: str) -> dict | None:
     if not os.path.lexists(path):
         return None
     try:
-        table = ThresholdTable.load(path)
+        # one read: validated and returned are the same document, even when another process replaces the file
+        from tr_model.thresholds import _parse_json, _read_bytes
+        doc = _parse_json(_read_bytes(path), path)
+        table = ThresholdTable.from_dict(doc, where=f"thresholds file {path!r}", path=path)
         if table.inputs_sha256 != inputs_hash:
             return None
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
+        return doc
     except (ThresholdFileError, OSError, ValueError) as e:
         log.warning("tr-autotune: %s is corrupted and will be replaced (%s)", path, _first_line(e))
         return None
@@ -456,7 +458,7 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
          worker_lock: str | None = None, worker_token: str | None = None,
          progress: Callable[[dict], None] | None = None,
          write_interval_s: float = 1.0, keep_on_write_error: bool = False,
-         clock: Callable[[], float] = time.monotonic) -> ThresholdTable:
+         clock: Callable[[], float] = time.monotonic, document: dict | None = None) -> ThresholdTable:
     """Make ``out`` hold the table for these inputs (reuse, resume or compute); raises on errors.
 
     This is the strict form used by the CLI; servers call :func:`on_server_start`.
@@ -469,6 +471,8 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     time, estimated by :mod:`optimizer.cost`, is above this many hours of one core (a file or cache entry
     that already holds them is reused whatever the estimate; ``time_budget_s`` in the foreground bounds the
     work instead); ``None``: no limit.
+    ``document``: a dict that receives the JSON document of the returned table, so that a caller can print it
+    without reading ``out`` again (another process may have replaced that file since).
     """
     t_start = clock()
     if not isinstance(spec, SystemSpec):
@@ -478,6 +482,9 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
                                       or not math.isfinite(time_budget_s) or time_budget_s < 0):
         raise SpecError(f"time_budget_s must be >= 0 seconds, got {time_budget_s!r}")
+    if background and time_budget_s is None:
+        raise SpecError("background applies with time_budget_s (the worker finishes what the budget leaves); "
+                        "without time_budget_s everything is computed here: give time_budget_s or drop background")
     if max_gap is not None and search not in ("certified", "auto"):
         raise SpecError(f"max_gap applies to search = 'certified' or 'auto', not {search!r} (it would be dropped)")
     from optimizer.evaluate import check_representable
@@ -501,21 +508,30 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
                 if not keep_on_write_error:
                     raise
                 log.warning("tr-autotune: %s; serving the cached table %s from memory", e, cache_file)
-                return ThresholdTable.from_dict(doc, where=f"thresholds file {cache_file!r}", path=cache_file)
+                return _table(doc, document, where=f"thresholds file {cache_file!r}", path=cache_file)
     if doc is not None and (doc["complete"] or not doc["provenance"].get("resumable", True)):
-        return ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
+        return _table(doc, document, where=f"thresholds file {out!r}", path=out)
     if doc is not None and background and worker_lock is None:
         cur = _read_lock(_lock_path(out))
         if cur is not None and cur.get("inputs_sha256") == h:
             # a worker is already completing this very table: serve what it has written so far
-            return ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
+            return _table(doc, document, where=f"thresholds file {out!r}", path=out)
     if max_hours is not None and worker_lock is None and (time_budget_s is None or background):
         _check_hours(spec, max_concurrency, len(_computed(doc["entries"])) if doc else 0, opts, max_hours)
     if time_budget_s is None or worker_lock is not None:
         return _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token,
-                             progress, write_interval_s, keep_on_write_error)
+                             progress, write_interval_s, keep_on_write_error, document)
     return _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, t_start + time_budget_s,
-                                  time_budget_s, background, keep_on_write_error, clock)
+                                  time_budget_s, background, keep_on_write_error, clock, document)
+
+
+def _table(doc: dict, document: dict | None, **kw) -> ThresholdTable:
+    """``ThresholdTable.from_dict(doc, **kw)``, with ``doc`` copied into ``document`` when one is given."""
+    table = ThresholdTable.from_dict(doc, **kw)
+    if document is not None:
+        document.clear()
+        document.update(doc)
+    return table
 
 
 def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mapping[str, Any], max_hours: float):
@@ -538,7 +554,7 @@ def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mappin
 
 
 def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token, progress,
-                  write_interval_s, keep_on_write_error) -> ThresholdTable:
+                  write_interval_s, keep_on_write_error, document=None) -> ThresholdTable:
     """Optimize N = K+1..max_concurrency in this process, writing ``out`` as rows arrive."""
     entries = _computed(doc["entries"]) if doc else []
     created = doc["provenance"].get("created_utc", _now()) if doc else _now()
@@ -616,11 +632,14 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
         except (OSError, SpecError) as e:
             log.warning("tr-autotune: cannot keep a copy in the cache folder (%s); %s is complete", _first_line(e),
                         out)
+    if document is not None:
+        document.clear()
+        document.update(doc)
     return table or ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
 
 
 def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, deadline, budget, background,
-                           keep_on_write_error, clock) -> ThresholdTable:
+                           keep_on_write_error, clock, document=None) -> ThresholdTable:
     """Run the computation in a worker process and return what it has written by ``deadline``."""
     computed = _computed(doc["entries"]) if doc else []
     created = doc["provenance"].get("created_utc", _now()) if doc else _now()
@@ -686,10 +705,13 @@ def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, 
         log.info("tr-autotune: %s; follow %s with WatchedThresholds", reason, out)
     if private:
         shutil.rmtree(private, ignore_errors=True)
-        return ThresholdTable.from_dict(cur, where="thresholds (in memory)")
+        return _table(cur, document, where="thresholds (in memory)")
     if killed or rc == 0:
         _remove_worker_files(target, log_file=rc == 0 or not background)
     prov = dict(cur["provenance"], stopped_reason=None if cur["complete"] else reason)
+    if document is not None:  # the file as read
+        document.clear()
+        document.update(cur)
     return ThresholdTable.from_dict(dict(cur, provenance=prov), where=f"thresholds file {out!r}", path=out)
 
 
@@ -749,15 +771,17 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
     when the budget is spent, every row the worker has written (the others
     extrapolated).  With ``background=True`` the worker then completes the
     file: the returned table is a snapshot, use
-    ``WatchedThresholds(out)`` to follow the file.  On failure: one log line
-    and the rows computed so far, or :meth:`ThresholdTable.eager`.
+    ``WatchedThresholds(out)`` to follow the file.  ``time_budget_s=None``
+    computes every row here (``background`` has nothing left to finish then).
+    On failure: one log line and the rows computed so far, or
+    :meth:`ThresholdTable.eager`.
     """
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
         raise SpecError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
     M = spec.M if isinstance(spec, SystemSpec) else 2
     try:
         return tune(spec, max_concurrency, out, time_budget_s=time_budget_s, cache_dir=cache_dir,
-                    background=background, solver=solver, tol=tol, max_states=max_states,
+                    background=background and time_budget_s is not None, solver=solver, tol=tol, max_states=max_states,
                     round_to_grid=round_to_grid, search=search, max_gap=max_gap, max_evaluations=max_evaluations,
                     time_budget_per_n_s=time_budget_per_n_s, policy=policy, policy_max_n=policy_max_n,
                     keep_on_write_error=True)

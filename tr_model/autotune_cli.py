@@ -348,6 +348,9 @@ def _cmd_run(a) -> int:
         refuse_given(a, ["policy_max_n"], "applies with --policy (the class whose search it limits)")
     if (a.search or "auto") not in ("certified", "auto"):
         refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
+    if a.time_budget_s is not None and not a.background:
+        refuse_given(a, ["max_hours"], "has no effect with --time-budget-s in the foreground (the budget bounds the "
+                     "work; the rows it leaves are extrapolated): drop one of them, or add --background")
     check_out_path(a.thresholds, "--thresholds")
     system = build_system(a, a.N)
     for line in system.warnings():
@@ -356,17 +359,21 @@ def _cmd_run(a) -> int:
         for line in system.notes():
             note(line)
     from tr_core.errors import WorkTooLarge
+    written: dict = {}  # the document of the table: printed as is (another run may replace the file meanwhile)
     try:
         with fields_as_flags(a, TUNE_FIELDS):  # a library error names its field: say the flag instead
             table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
-                                  **_tune_options(a))
+                                  document=written, **_tune_options(a))
     except WorkTooLarge as e:  # the estimate's limit and way out are named after the library's keyword
         e.args = (str(e).replace("max_hours", "--max-hours").replace("time_budget_s", "--time-budget-s"),)
         raise
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
-    sys.stdout.write(_table_text(table, a.format, a.thresholds))
+    if a.format == "json" and written:
+        sys.stdout.write(json.dumps(written, indent=1) + "\n")
+    else:
+        sys.stdout.write(_table_text(table, a.format, a.thresholds))
     return 0
 
 
@@ -376,6 +383,8 @@ def _cmd_show(a) -> int:
     _positive_int(a.N, flag_name(a, "N", "--N"), lo=0)
     fmt = output_format(a)
     table = ThresholdTable.load(a.file, require_concurrency=a.require_N)
+    for line in _embedded_spec_notes(a.file):  # a model never reached: its column of thresholds means nothing
+        note(line)
     if a.N is None:
         why = _why_partial(table)
         if why:
@@ -552,6 +561,21 @@ def _embedded_spec(path: str):
         return None
 
 
+def _embedded_spec_notes(path: str) -> list:
+    """What the embedded spec's routing makes of the table (as ``run`` said when it wrote it): a model never
+    reached or left for good, a model keeping every request, no token committed."""
+    doc = _embedded_spec(path)
+    if not isinstance(doc, dict):
+        return []
+    from tr_core.spec import spec_from_dict
+    from tr_core.system_args import System
+    try:
+        spec = spec_from_dict(doc, where=path)
+    except SpecError:
+        return []
+    return System(spec, round_to_grid=False).notes()
+
+
 def _policy_export_notes(table, K: int) -> list:
     """A version-3 file: which rows carry a launch policy R2R's per-N lists cannot run, and its worth."""
     from tr_model.thresholds import WINDOW_CLASSES
@@ -673,9 +697,24 @@ def _torch_serve_executor(a, spec, n_slots: int):
     return ex
 
 
+def _refuse_serve_dropped(a) -> None:
+    """Flags the chosen executor or thresholds source would ignore are refused, naming both."""
+    if a.executor == "emulated":
+        refuse_given(a, ["config", "device", "dtype", "max_len", "no_graphs"],
+                     "applies to --executor torch, not --executor emulated (the emulated steps sleep L_i(b) * "
+                     "--time-scale)")
+    else:
+        refuse_given(a, ["time_scale"], f"applies to --executor emulated, not --executor {a.executor} (real "
+                     "steps take the time they take)")
+    if a.eager:
+        refuse_given(a, ["check_interval_s"], "applies to a --thresholds file (how often it is re-read); --eager "
+                     "reads none")
+
+
 def _cmd_serve(a) -> int:
     from tr_model import serve
     from tr_model.runtime import EmulatedExecutor, FixedThresholds
+    _refuse_serve_dropped(a)
     serve.require_http_stack()
     _positive_int(a.N, "--N")
     _positive_int(a.default_max_tokens, "--default-max-tokens")

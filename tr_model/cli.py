@@ -255,7 +255,7 @@ def _refuse_dropped(a) -> None:
     if a.no_cache:
         refuse_given(a, ["cache_dir"], "has no effect with --no-cache (give one of them)")
     if a.B is not None:
-        refuse_given(a, ["search", "max_gap", "all", "workers", "dask", "sim_budget_s"],
+        refuse_given(a, ["search", "max_gap", "all", "workers", "dask", "sim_budget_s", "max_hours"],
                      "applies to a search over B; --B evaluates one vector (drop one of them)")
     else:
         refuse_given(a, ["sim_steps"], "applies to --method simulate with --B (one vector); a search uses "
@@ -264,8 +264,13 @@ def _refuse_dropped(a) -> None:
         refuse_given(a, ["jitter", "seed", "sim_budget_s", "sim_steps"],
                      "applies to the simulator (--method simulate or auto), not --method exact")
     if a.method == "simulate":
-        refuse_given(a, ["solver", "tol", "max_states", "search", "max_gap", "workers", "dask"],
+        refuse_given(a, ["solver", "tol", "max_states", "search", "max_gap", "workers", "dask", "check_delta"],
                      "applies to the exact chain, not --method simulate")
+        refuse_given(a, ["delta_ms", "delta_rtol", "round"], "applies to the exact chain's time grid; --method "
+                     "simulate runs in continuous time (drop one of them)")
+    if a.method != "exact":
+        refuse_given(a, ["all", "workers", "dask"], f"applies to the exact search (--method exact), not --method "
+                     f"{a.method} (which solves one N at a time and keeps no table)")
     if a.dask:
         refuse_given(a, ["workers"], "has no effect with --dask (the scheduler's workers run the evaluations)")
     if a.B is None and a.search in ("exhaustive", "pruned", "local"):

@@ -50,6 +50,7 @@ GPU_KINDS = ("a100", "h100", "h200")
 _GPU_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpus")
 _GPU_NUMBERS = ("memory_gib", "memory_bandwidth_bytes_per_s", "bf16_flop_per_s", "interconnect_bytes_per_s",
                 "allreduce_latency_us", "launch_overhead_ms_per_layer")
+_GPU_KEYS = ("schema_version", "kind", "name", *_GPU_NUMBERS, "sources", "$schema", "comment")
 MAX_GPUS = 64
 
 
@@ -87,6 +88,16 @@ def load_gpu(kind: str) -> GPUKind:
     where = f"GPU file {path!r}"
     if not isinstance(doc, dict):
         raise SpecError(f"{where}: must be a JSON object, got {short_repr(doc)}")
+    unknown = sorted(k for k in doc if k not in _GPU_KEYS)
+    if unknown:  # a misspelt field would otherwise be ignored (and a required one then reported missing)
+        raise SpecError(f"{where}: unknown field {short_repr(unknown[0])} (known: {', '.join(_GPU_KEYS[:-2])})")
+    ver = doc.get("schema_version", 1)
+    if isinstance(ver, bool) or ver != 1:
+        raise SpecError(f"{where}: unsupported schema_version {short_repr(ver)} (this tool reads 1)")
+    if doc.get("kind", "gpu") != "gpu":
+        raise SpecError(f"{where}: 'kind' must be \"gpu\", got {short_repr(doc['kind'])} (not a GPU file?)")
+    if not isinstance(doc.get("name", ""), str):
+        raise SpecError(f"{where}: 'name' must be a string, got {short_repr(doc['name'])}")
     for key in _GPU_NUMBERS:
         if key not in doc:
             raise SpecError(f"{where}: missing field {key!r}")
@@ -248,14 +259,14 @@ def _as_int(v: Any, name: str, lo: int, hi: int) -> int:
 
 
 def plan(models: Sequence[str | os.PathLike], gpu: str | GPUKind, gpus: int, N: Sequence[int] | int = (1, 4, 8, 16),
-         *, p: float | None = 0.35, spec=None, latency_profiles: Sequence[str | os.PathLike] = (),
+         *, p: float | None = None, spec=None, latency_profiles: Sequence[str | os.PathLike] = (),
          corun_slowdown: Sequence[float] | None = None, corun_tables: Sequence | None = None,
          context_tokens: int = 2048, memory_budget_fraction: float = 0.9, delta_ms: float = 0.25,
          min_per_request_tok_s: float | None = None, progress=None) -> PlanResult:
     """Rank the placements of a routed model pair (small first) on ``gpus`` GPUs of kind ``gpu``.
 
-    ``p``: R2R escalation probability (P = [[1-p, p], [1, 0]]), or ``spec``: a :class:`tr_core.spec.SystemSpec`
-    whose routing and committed tokens are used. ``latency_profiles``: ``tr-profile latency`` files, matched to
+    ``p``: R2R escalation probability (P = [[1-p, p], [1, 0]]; default 0.35), or ``spec`` (not both): a
+    :class:`tr_core.spec.SystemSpec` whose routing and committed tokens are used. ``latency_profiles``: ``tr-profile latency`` files, matched to
     the models by name. ``corun_slowdown`` (one factor per model) or ``corun_tables`` (a
     :class:`tr_core.spec.CorunLatency` per model) replace the contention model for co-located candidates.
     """
@@ -286,6 +297,11 @@ def plan(models: Sequence[str | os.PathLike], gpu: str | GPUKind, gpus: int, N: 
         corun_given = list(corun_tables)
 
     # routing
+    if spec is not None and p is not None:
+        raise SpecError("p and spec both give the routing: give one of them (spec's routing matrix, or the R2R "
+                        "preset with p)")
+    if spec is None and p is None:
+        p = 0.35
     if spec is not None:
         if spec.M != 2:
             raise SpecError(f"--spec has M = {spec.M} models; the planner places 2")

@@ -133,6 +133,10 @@ def main_impl(argv=None) -> int:
     Ns = list(parse_int_ranges(a.N, "--N", lo=1, hi=64))
     if a.spec is not None and a.p is not None:
         raise SpecError("give --p or --spec, not both")
+    if fmt != "table":
+        from tr_core.cli import refuse_given
+        refuse_given(a, ["show_dropped"], f"applies to --format table, not --format {fmt} (json always lists the "
+                     "dropped candidates; csv has one row per plan)")
     spec = None
     if a.spec is not None:
         from tr_core.spec import load_spec
@@ -145,7 +149,7 @@ def main_impl(argv=None) -> int:
         curves = load_latency_table(a.corun_L_table, len(a.model))
         corun_tables = [None if c is None else CorunLatency("table", curve=c) for c in curves]
     prog = Progress("tr-plan", enabled=None if not a.quiet else False)
-    res = plan(a.model, gpu, G, Ns, p=0.35 if a.p is None and spec is None else a.p, spec=spec,
+    res = plan(a.model, gpu, G, Ns, p=a.p, spec=spec,
                latency_profiles=a.latency_profile, corun_slowdown=a.corun_slowdown, corun_tables=corun_tables,
                context_tokens=a.context_tokens, memory_budget_fraction=a.memory_budget_fraction, delta_ms=a.delta_ms,
                min_per_request_tok_s=a.min_per_request_tok_s, progress=prog)

@@ -412,6 +412,26 @@ def _sweep_spec(items: Sequence[str]) -> tuple[str, str, list[float]]:
     return name, param, _numbers(vals, f"--sweep {name}")
 
 
+# --sweep NAME -> the dest of the flag --NAME whose value the sweep replaces (a name not listed: NAME with '_')
+_SWEPT_DEST = {"cold-age-s": "cold_age", "session-rate": "session_rate", "slo-scale": "slo_scale",
+               "shadow-kv-cap": "shadow_kv_cap", "host-gb": "host_gb", "n-min": "n_min", "credit-gate": "credit_gate"}
+
+
+def _refuse_compare_dropped(args, sweep_spec) -> None:
+    """compare: flags that the sweep or the Dask scheduler would make moot are refused, naming both."""
+    from tr_core.cli import given, refuse_given
+    if sweep_spec:
+        name = sweep_spec[0]
+        flag = given(args, _SWEPT_DEST.get(name, name.replace("-", "_")))
+        if flag:
+            raise ShadowError(f"{flag} is varied by --sweep {name}: its value would be dropped; give the values to "
+                              f"--sweep only")
+        refuse_given(args, ["context_bins"], "applies to a comparison without --sweep (one block per swept value "
+                     "has no bins)")
+    if args.dask:
+        refuse_given(args, ["workers"], "has no effect with --dask (the scheduler's workers run the simulations)")
+
+
 def cmd_compare(args) -> int:
     fmt = output_format(args)
     windows = [_window(w) for w in _split(args.windows, "--windows")]
@@ -421,6 +441,7 @@ def cmd_compare(args) -> int:
     if len(seeds) > 10000:
         raise ShadowError(f"--sim-seeds: {len(seeds)} seeds; at most 10000 per command")
     sweep_spec = _sweep_spec(args.sweep) if args.sweep else None
+    _refuse_compare_dropped(args, sweep_spec)
     if args.approaches:
         approaches = _split(args.approaches, "--approaches")
     elif sweep_spec:

@@ -269,5 +269,8 @@ def test_system_measures_corun_curves_of_two_models(run_main, configs, profile_f
     assert_error(run_main(*base, "--model", small, large, "--corun-batch-size", "0"), "--corun-batch-size")
     assert_error(run_main(*base, "--model", small, large, small, "--corun-batch-size", "2"), "--corun-batch-size",
                  "3 models")
-    assert_error(run_main(*base, "--latency-profile", profile_files["s0"], profile_files["s1"],
+    # (the measurement flags of base are refused with --latency-profile too: nothing is measured then)
+    assert_error(run_main("system", "--trace", trace, "--latency-profile", profile_files["s0"], profile_files["s1"],
                           "--corun-batch-size", "2"), "--corun-batch-size", "--corun-profile")
+    assert_error(run_main(*base, "--latency-profile", profile_files["s0"], profile_files["s1"]), "--batch-sizes",
+                 "--latency-profile")

@@ -6,7 +6,7 @@
 (``optimizer.policy.build_process``, then the steepest ascent with each member's table over every
 configuration of the process, ``class_table``); "without": the same ascent with each member's table over
 the configurations its own chain meets (``class_chain_table``, no process).  Both start from B* (given
-below, from benchmarks/RESULTS.md) and must end at the same member with the same exact value (checked).
+below, from experiments/LOG.md) and must end at the same member with the same exact value (checked).
 Wall seconds, median of ``--repeat`` runs after one warm-up (numba compiled); process build time shown apart.
 """
 

@@ -13,7 +13,7 @@ over ``--slices`` slices of the window.
 
 Writes ``benchmarks/runtime_vs_model.csv``, ``benchmarks/runtime_vs_model.png``
 and (unless ``--no-results``) the ``## autotune`` section of
-``benchmarks/RESULTS.md``.
+``experiments/LOG.md``.
 
 ``--clock wall`` (default) is the timing-accuracy check of the runtime on a real
 event loop (the tests no longer assert any wall-clock timing: they run on the
@@ -116,11 +116,11 @@ def main(argv=None):
     p.add_argument("--output-tokens", type=int, default=512, help="output tokens per request")
     p.add_argument("--slices", type=int, default=20, help="batch-means slices of the window")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--no-results", action="store_true", help="do not touch benchmarks/RESULTS.md")
+    p.add_argument("--no-results", action="store_true", help="do not touch experiments/LOG.md")
     p.add_argument("--prefix", default="runtime_vs_model", help="output file prefix in benchmarks/")
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help="real event loop (timing accuracy) or the virtual clock (exact step lengths)")
-    p.add_argument("--results-section", default="## autotune", help="heading of the RESULTS.md section to replace")
+    p.add_argument("--results-section", default="## autotune", help="heading of the experiments/LOG.md section to replace")
     args = p.parse_args(argv)
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def main(argv=None):
         *md,
     ])
     if not args.no_results:
-        replace_section(os.path.join(HERE, "RESULTS.md"), args.results_section, body)
+        replace_section(os.path.join(os.path.dirname(HERE), "experiments", "LOG.md"), args.results_section, body)
     print(body)
     return 0
 

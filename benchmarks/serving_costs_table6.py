@@ -74,7 +74,7 @@ def main(argv=None):
     ap.add_argument("--profiles", default=DEFAULT_PROFILES, help="folder of the H200 profiles")
     ap.add_argument("--steps", type=int, default=300_000, help="simulated request-steps per configuration")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-results", action="store_true", help="do not touch benchmarks/RESULTS.md")
+    ap.add_argument("--no-results", action="store_true", help="do not touch experiments/LOG.md")
     a = ap.parse_args(argv)
     if not os.path.isdir(a.profiles):
         print(f"error: no profile folder {a.profiles} (the shared H200 profiles)", file=sys.stderr)
@@ -207,7 +207,7 @@ def main(argv=None):
     if not a.no_results:
         sys.path.insert(0, HERE)
         from runtime_vs_model import replace_section
-        replace_section(os.path.join(HERE, "RESULTS.md"), "## runtime: serving costs vs the paper's Table 6", body)
+        replace_section(os.path.join(os.path.dirname(HERE), "experiments", "LOG.md"), "## runtime: serving costs vs the paper's Table 6", body)
     return 0
 
 

@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/validate_simulator.py [--steps 2000000] [--quick] [--no-write]
-                                                      [--results benchmarks/RESULTS.md]
+                                                      [--results experiments/LOG.md]
 
 For every point of a grid of systems (M = 2 and 3; constant and
 batch-size-dependent step latencies whose values all lie on the 0.1 ms grid;
@@ -15,7 +15,7 @@ A second part replays generated routing traces with the same mean run length
 on the small model but different run-length laws (geometric, bursty two-point
 {1, 10}, near-deterministic {2, 3}) to show what the geometric assumption of
 the chain misses.  The Markdown report replaces the block between the
-``simulator-validation`` markers in RESULTS.md (appended under
+``simulator-validation`` markers in experiments/LOG.md (appended under
 ``## simulator`` when absent).
 """
 
@@ -262,21 +262,21 @@ def write_block(path: str, block: str) -> None:
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "# Benchmark results\n\n") + "## simulator\n\n" + block + "\n"
     d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".RESULTS.md.{os.getpid()}.tmp")
+    tmp = os.path.join(d, f".LOG.md.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Exact chain vs simulator on a grid of systems; writes RESULTS.md.")
+    ap = argparse.ArgumentParser(description="Exact chain vs simulator on a grid of systems; writes experiments/LOG.md.")
     ap.add_argument("--steps", type=int, default=2_000_000, help="measured request-steps per simulation")
     ap.add_argument("--quick", action="store_true", help="smaller grid, no calibration or trace part")
     ap.add_argument("--replications", type=int, default=100, help="seeds per calibration point")
     ap.add_argument("--calibration-steps", type=int, default=300_000, help="request-steps per calibration run")
     ap.add_argument("--no-write", action="store_true", help="print the report only")
     ap.add_argument("--max-states", type=int, default=2_000_000, help="skip points whose chain is larger")
-    ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"))
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "LOG.md"))
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = run_grid(args.steps, args.quick, args.max_states)

@@ -5,7 +5,7 @@ what a chain costs grows with N, and the bounded searches (pruned, certified, lo
 count up front.  Every N the exact chain can represent is accepted by :func:`optimizer.evaluate.check_representable`
 (2,047 for R2R at delta = 0.1 ms), so ``--search certified --N 1-2047`` would run for weeks without a word
 (issue 25).  This module puts a number on a sweep from the growth measured on two cores
-(benchmarks/RESULTS.md, "Round 3"), one core's seconds per N:
+(experiments/LOG.md, "Round 3"), one core's seconds per N:
 
 ``exhaustive``
     the sum of chain seconds over every feasible vector: 99 s at N = 40, growing as N^5
@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_MAX_HOURS", "sweep_seconds", "check_sweep_seconds", "describ
 # refuse a sweep estimated above this many hours of one core (the one-day limit of a measurement too)
 DEFAULT_MAX_HOURS = S.DEFAULT_MAX_HOURS
 
-# one core's seconds for one N: ref_s * (N / ref_n) ** power (benchmarks/RESULTS.md, "Round 3")
+# one core's seconds for one N: ref_s * (N / ref_n) ** power (experiments/LOG.md, "Round 3")
 _EXHAUSTIVE = (99.0, 40, 5.0)
 _BOUNDED = (66.0, 128, 3.5)
 _LOCAL_SHARE = 0.1

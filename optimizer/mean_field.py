@@ -17,7 +17,7 @@ closely as N grows, but its long-run average need not: the deterministic orbit
 locks the models' phases, which any noise keeps moving.  It is **not a bound**
 and not exact at any finite ``N`` with random routing (exact when routing is
 deterministic): on the R2R preset it is 0.3-1.2 % above the chain at N =
-16-256 and 2.9 % below B* at N = 8 (``benchmarks/RESULTS.md``, "Mean-field
+16-256 and 2.9 % below B* at N = 8 (``experiments/LOG.md``, "Mean-field
 guide").  It costs a fraction of a millisecond per vector at any ``N``, and
 the exact chain at its best vector is within 0-1.8 % of B*: it is the start of
 the threshold searches (it orders their work and never prunes).

@@ -10,7 +10,7 @@ answer within the alarm (no hang).  For the Python API: one exception of the pro
 one-line message, nothing written.
 
 First run (before any fix for them): 46 of 52 clean (88.5 %); recorded with the six failures in
-benchmarks/RESULTS.md ("input contract, held-out set").  Those six were then fixed by kind (an N the exact
+experiments/LOG.md ("input contract, held-out set").  Those six were then fixed by kind (an N the exact
 chain cannot hold, the simulator's candidate count, a profile's step count, ``max_gap`` with a search that
 ignores it in ``tune`` and ``tr-autotune run``) and pass here.
 """
@@ -213,7 +213,7 @@ def test_heldout_api(tmp_path, case):
 
 
 # ------------------------------------------------------------------------------ the second batch
-# Written after the first batch's failures were fixed; measured once (benchmarks/RESULTS.md).
+# Written after the first batch's failures were fixed; measured once (experiments/LOG.md).
 
 CASES_2 = {
     "profile system two /dev/zero profiles": (["tr-profile", "system", "--latency-profile", "/dev/zero", "/dev/zero",
@@ -358,7 +358,7 @@ def test_heldout_api_second_batch(tmp_path, case):
 
 
 # ------------------------------------------------------------------------------- the third batch
-# Written after every fix above, before it was first run: the figure after the fixes (benchmarks/RESULTS.md):
+# Written after every fix above, before it was first run: the figure after the fixes (experiments/LOG.md):
 # 24 of 25 clean at the first run; the one failure (an empty --out read as none) was fixed after.
 
 LP = [os.path.join(os.path.dirname(TRACE), f"latency-{m}.json") for m in ("small", "large")]

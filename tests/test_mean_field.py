@@ -46,7 +46,7 @@ def test_scale_free_per_request_throughput():
 
 @pytest.mark.parametrize("N", [24, 32])
 def test_guide_is_near_the_chain_and_its_b_near_b_star(N):
-    # measured (RESULTS.md, "Mean-field guide"): error 0.7-0.9 % and no regret at these N; the
+    # measured (experiments/LOG.md, "Mean-field guide"): error 0.7-0.9 % and no regret at these N; the
     # limits asserted leave room for other systems of the same kind, not for a broken guide
     g = mean_field_thresholds(R2R, N)
     star = optimize_thresholds(R2R, N, search="pruned", eager=False)

@@ -449,7 +449,7 @@ def test_runtime_decides_at_events_like_the_chain_under_corunning(tmp_path):
     """Co-running (1.5, 1.05), launch law, N = 8: the residual policy (2, 1, 3) (6, 6, 6) waits with one SLM
     request while the LLM is idle but launches it beside a running LLM.  The chain decides only at events
     (completions); a runtime that also re-decided as time passes (e.g. one quantum after the LLM's launch)
-    would launch more beside the LLM and measure about +1 % above the chain (3.7 tok/s, benchmarks/RESULTS.md).
+    would launch more beside the LLM and measure about +1 % above the chain (3.7 tok/s, experiments/LOG.md).
     The runtime measures the chain's value within its interval, and B*'s for B*."""
     from tr_model.autotune import tune
     from tr_model.runtime import EmulatedExecutor, measure_closed_loop

@@ -62,7 +62,7 @@ def test_server_readings_give_in_flight_and_committed_throughput_times_the_time_
 @pytest.mark.parametrize("life,k", [(0.5, 10), (1.0, 5), (2.0, 2), (3.0, 2), (6.0, 2)])
 def test_client_side_slices_are_at_least_two_lifetimes_and_never_fewer_than_two(life, k):
     """Spread tokens make adjacent slices share requests: shorter slices understate the variance (measured:
-    10 fixed slices over 2.3 request lifetimes covered the true value 42 times in 80, benchmarks/RESULTS.md)."""
+    10 fixed slices over 2.3 request lifetimes covered the true value 42 times in 80, experiments/LOG.md)."""
     recs = []
     for c, off in ((0, 0.0), (1, life / 2)):
         t = off - life
@@ -123,7 +123,7 @@ def _bench_on_virtual_clock(N, B, max_tokens, warmup_s, window_s, slices, seed=0
 
 def test_the_server_count_is_the_runtimes_committed_tokens_and_the_spread_estimate_follows_it():
     """N = 8, 256-token requests (about 5 model s each), a 12 s window: the regime of the HTTP rows of
-    benchmarks/RESULTS.md.  The server-side estimate is the runtime's own commit count (to rounding); the
+    experiments/LOG.md.  The server-side estimate is the runtime's own commit count (to rounding); the
     client-side spread estimate stays near it, but its slices must span two lifetimes, so it gets two of them
     and a Student-t quantile of 12.7, while the server's count keeps its ten."""
     warm, W = 5.0, 12.0
@@ -226,7 +226,7 @@ def test_serve_bench_reads_the_servers_counter_at_the_slice_boundaries(mode, tmp
 @pytest.mark.parametrize("law", ["solo", "launch", "shared"])
 def test_the_emulator_counts_each_models_steps_and_lateness_under_every_law(law):
     """serve-bench's callers read the step lateness per model from /health (timer_by_model) to evaluate the chain
-    at the steps actually run; the co-running laws used to leave it at zero steps (benchmarks/RESULTS.md, N = 16
+    at the steps actually run; the co-running laws used to leave it at zero steps (experiments/LOG.md, N = 16
     co-running over HTTP).  On the virtual clock every step ends exactly on time: lateness 0, every step counted."""
     from tr_model.runtime import EmulatedExecutor, measure_closed_loop
     kw = {"launch": {"corun_latency_ms": lambda i, b: 1.5 * SPEC.latency_ms(i, b)},

@@ -55,7 +55,7 @@ def test_the_estimate_is_near_the_sum_over_n():
 def test_what_people_run_is_accepted_and_years_are_refused():
     day = S.DEFAULT_MAX_HOURS * 3600
     assert cost.sweep_seconds(2, [(1, 64)], "auto") < 600            # the default sweep: minutes
-    assert cost.sweep_seconds(2, [(65, 256)], "certified") < day     # the certified table of RESULTS.md
+    assert cost.sweep_seconds(2, [(65, 256)], "certified") < day     # the certified table of experiments/LOG.md
     assert cost.sweep_seconds(2, [(1, 2047)], "certified") > 1000 * day
     with pytest.raises(WorkTooLarge) as e:
         cost.check_sweep_seconds(2, [(1, 2047)], "certified", 24, what="--N up to 2,047", limit_name="--max-hours",

@@ -19,7 +19,7 @@ DEFAULT_MAX_GAP = 0.005
 AUTO_EXHAUSTIVE_MAX = 210
 # ... and, for two models, exactly with pruning up to this many (N = 128).  Above N = 64 the exact search
 # costs what the certified one does at max_gap = 0.5 % (R2R: 12 / 22 / 66 s at N = 80 / 96 / 128 on one
-# core, against 12 / 23 / 69 s certified; benchmarks/RESULTS.md "search", round 3); certified above
+# core, against 12 / 23 / 69 s certified; experiments/LOG.md "search", round 3); certified above
 AUTO_PRUNED_MAX = 8256
 AUTO_PRUNED_M = 2
 # a sweep estimated (optimizer.cost) above this many hours of one core is refused before any work (exit 3)

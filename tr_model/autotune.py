@@ -268,7 +268,7 @@ def _entry(opt: Any, search: str) -> dict:
 
 # all-policy bound (optimizer.bounds.PolicyBounds) solved once per table at this concurrency and scaled to
 # the certified rows: their gap is then 1.3-1.7 % on R2R instead of the no-wait bound's 20-30 % when a
-# row's box pass does not finish (benchmarks/RESULTS.md "search"); about 12 s for two models
+# row's box pass does not finish (experiments/LOG.md "search"); about 12 s for two models
 POLICY_BOUND_N = {2: 24, 3: 6}
 
 

@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # int64 zero and one: a literal 0 or 1 passed to a jitted helper (or a counter started at one) would make numba
-# compile a second specialization of the helper for the literal's own type (first-run compile time, issue 25)
+# compile a second specialization of the helper for the literal's own type (first-run compile time)
 I0 = np.int64(0)
 I1 = np.int64(1)
 
@@ -231,7 +231,7 @@ def _launch(k, b, r, B, caps, d, dco, corun, M):
     _launch_mask(k, b, r, mask, caps, d, dco, corun, M)
 
 
-# The chain under a launch-policy table (issue 27).  The launch rule is replaced by a lookup: the
+# The chain under a launch-policy table.  The launch rule is replaced by a lookup: the
 # *pre-decision configuration* (k_i, b_i, r_i of every model right after an epoch's completions and
 # routing, before any launch; an idle model has b_i = r_i = 0) is packed like a state and looked up
 # in ``pol_keys`` (sorted); ``pol_mask`` bit j says that idle model j launches (:func:`_launch_mask`,

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 # int64 zero and one: a literal 0 or 1 passed to a jitted helper would compile a second specialization of it
-# (first-run compile time, issue 25)
+# (first-run compile time)
 I0 = np.int64(0)
 I1 = np.int64(1)
 
@@ -362,7 +362,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
         g[head] = gs
         # routing outcomes -> pre-decision keys (no launch yet).  Every array this state can fill is grown
         # here, before the loops: an array reassigned inside a loop costs two atomic reference-count updates per
-        # iteration (numba): measured, half of the build's time (issue 27, target 3).
+        # iteration (numba): measured, half of the build's time.
         mmax = I1
         for a in range(na):
             mmax *= chi[a] - clo[a]
@@ -446,7 +446,7 @@ def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br
 def policy_mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
                      empty):
     """:func:`mdp_build` that also returns, per routing outcome, its pre-decision key, the initial
-    configuration's key and the states its decision may lead to (the optimal-policy solver, issue 27):
+    configuration's key and the states its decision may lead to (the optimal-policy solver):
     ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, init_key, init_opts)``."""
     return _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
                       empty, True)
@@ -1116,7 +1116,7 @@ def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol)
 
 
 # ---------------------------------------------------------------------------------------------
-# The optimal launch policy (issue 27): helpers of the all-policy process (built by policy_mdp_build).
+# The optimal launch policy: helpers of the all-policy process (built by policy_mdp_build).
 
 @njit(cache=True)
 def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, every, nref, rtol, floor_rtol,
@@ -1128,7 +1128,7 @@ def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, eve
     epochs).  Before every sweep ``lam`` is re-estimated from ``h`` itself: ``sum (g + Q* h - h) / sum tau``
     over ``nref`` reference states spread over the process (at the fixed point every state gives the optimal
     gain), kept inside the proven bracket; a ``lam`` left stale between brackets steers ``h`` towards the wrong
-    fixed point, and these two changes cut the sweeps about 15-fold (issue 27, target 3).  After every ``every``
+    fixed point, and these two changes cut the sweeps about 15-fold.  After every ``every``
     sweeps the certificate bracket of :func:`mdp_bracket` (with its rounding allowance, ``4 terms eps`` of the
     largest term) is taken.  ``nref = 0``, or a bracket that has not narrowed by 10 % over 16 brackets while
     above ``floor_rtol``, falls back to ``lam`` = the midpoint of the best bracket so far.  Stops when the
@@ -1201,7 +1201,7 @@ def greedy_choice(nu, opt_ptr, opt_idx, h, tie):
 
 
 # ---------------------------------------------------------------------------------------------
-# Compact policy classes (issue 27) without the all-policy process: the class rule decided in a kernel
+# Compact policy classes without the all-policy process: the class rule decided in a kernel
 # (:func:`class_launch`) and the configurations the chain under it meets (:func:`class_reach`), so a class
 # is evaluated on exactly the configurations its chain visits (``optimizer.policy.class_chain_table``).
 

@@ -3,8 +3,8 @@ r"""How long a threshold sweep will take, estimated before any work, and the ref
 The number of chains an exhaustive search solves is known in closed form (:mod:`tr_core.feasibility`), but
 what a chain costs grows with N, and the bounded searches (pruned, certified, local) do not know their
 count up front.  Every N the exact chain can represent is accepted by :func:`optimizer.evaluate.check_representable`
-(2,047 for R2R at delta = 0.1 ms), so ``--search certified --N 1-2047`` would run for weeks without a word
-(issue 25).  This module puts a number on a sweep from the growth measured on two cores
+(2,047 for R2R at delta = 0.1 ms), so ``--search certified --N 1-2047`` would run for weeks without a word.
+This module puts a number on a sweep from the growth measured on two cores
 (experiments/LOG.md, "Round 3"), one core's seconds per N:
 
 ``exhaustive``

@@ -46,7 +46,7 @@ class Evaluation:
     delta_ms: float = 0.1
     roundings: tuple = field(default=(), compare=False)
     cached: bool = field(default=False, compare=False)
-    # accuracy (issue 13): bounds on the l1 error of pi and on the relative error of the throughput (and of
+    # accuracy: bounds on the l1 error of pi and on the relative error of the throughput (and of
     # the other ratios: waiting, latencies), how they were obtained; inf/"" when unknown (old cache entries)
     pi_error_bound: float = float("inf")
     throughput_error_bound: float = float("inf")

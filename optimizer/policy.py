@@ -1,4 +1,4 @@
-r"""The optimal launch policy (issue 27): beyond one fixed threshold per model.
+r"""The optimal launch policy: beyond one fixed threshold per model.
 
 **The decision process** is the all-policy process of bound 4 (``docs/model.md``;
 :func:`optimizer.bounds.policy_bound`): at every epoch, after the completions and the routing, each idle model

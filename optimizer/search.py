@@ -250,7 +250,7 @@ def _sweep_chain(payload) -> list[Optimum]:
 
     ``policy_n`` > 0: this worker solves the all-policy table at that concurrency itself, before the first
     N that reads it.  On a first run every kernel compiles, in each worker that calls it first, so the
-    workers share that out (issue 25: the first run of the default sweep): worker 0 starts with the chain's
+    workers share that out (the first run of the default sweep): worker 0 starts with the chain's
     kernels (its first N), worker 1 with the all-policy table's and the box bound's
     (:func:`optimizer.branch.warm_box_kernels`), and each then loads the other's from numba's cache.
     """

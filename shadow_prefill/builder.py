@@ -551,7 +551,7 @@ WORKLOAD_PRESETS: dict[str, SyntheticParams] = {
             _paper_task("xroutebench", (0.125, 0.55), (1500.0, 2.0), 150.0, "uniform:5-21", 0.5, 200.0),
             _paper_task("fusionbench", (0.20, 0.46), (1000.0, 1.8), 100.0, "uniform:6-20", 0.4, 150.0),
             _paper_task("router-r1", (0.31, 0.37), (500.0, 1.8), 80.0, "uniform:7-19", 0.25, 100.0))),
-    # the single-task preset of issue 16 (one memoryless router switching 27% of calls, mean switch prompt 25K):
+    # the earlier single-task preset (one memoryless router switching 27% of calls, mean switch prompt 25K):
     # the next-model prior is 0.26-0.28 everywhere, so Predictive's gate never acts (Predictive = Harvest)
     "paper-onetask": SyntheticParams(
         n_sessions=600, switch_prob=0.27, first_input=LogNormal(2000.0, 0.8), step_input=LogNormal(800.0, 1.0),

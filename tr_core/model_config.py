@@ -1,4 +1,4 @@
-"""A Hugging Face ``config.json`` read once: the architecture fields and the parameter counts (issue 25, item 4).
+"""A Hugging Face ``config.json`` read once: the architecture fields and the parameter counts.
 
 The KV plan (:mod:`tr_model.kvplan`), the ShadowPrefill roofline (:mod:`shadow_prefill.latency`), the runtime's
 Qwen3 shapes (:mod:`tr_model.runtime.torch_executor`) and the profiler's KV bytes (:mod:`profiler.latency`)

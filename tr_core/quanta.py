@@ -1,4 +1,4 @@
-"""Rounding latencies to the time grid: the one home of the rule (issue 25, item 4).
+"""Rounding latencies to the time grid: the one home of the rule.
 
 A latency ``L`` ms on a grid of ``delta`` ms lasts ``q = max(1, round(L / delta))`` quanta (round half to
 even, as Python's :func:`round` and :func:`numpy.round` both do; never zero quanta); it lies *on* the grid

@@ -426,8 +426,8 @@ def _compute_exact_vectors(plan: Plan, doc: dict) -> list:
 
 
 def _accuracy_of(opt) -> dict:
-    """Accuracy of a search result (issue 13): B*'s bound, the largest over the sweep, all bounded?  And what
-    a loose bound on a rejected chain means for B* (issue 25): ``loose_rejected`` counts the evaluated but
+    """Accuracy of a search result: B*'s bound, the largest over the sweep, all bounded?  And what
+    a loose bound on a rejected chain means for B*: ``loose_rejected`` counts the evaluated but
     rejected chains whose bound is above the accuracy tolerance, ``b_star_rivals`` lists those among them
     whose throughput, raised by its bound, reaches B*'s lowered by its own (they could be the true best);
     ``b_star_stands``: B*'s own bound is within tolerance and no rival exists.  The search has already

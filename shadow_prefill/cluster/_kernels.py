@@ -50,7 +50,7 @@ Q_P_MEM = 13        # W per GPU, memory-bound iteration
 Q_P_MAX = 14        # W per GPU, compute-bound iteration
 Q_POLL = 15         # re-check period of an idle instance whose shadow work waits for KV
 Q_CACHE_NORMAL = 16  # keep finished normal requests as (never-hit) cache entries
-Q_WHOLE_COPY = 17   # legacy (before issue 16): a copy that shadow work extends joins the shadow class whole
+Q_WHOLE_COPY = 17   # legacy rule: a copy that shadow work extends joins the shadow class whole
 Q_COLD_FIRST = 18   # admissions take entries idle > cold age before the shadow class (what shadows may take too)
 Q_RECLAIM_GUARD = 19  # after an admission drops unused shadow KV, shadows take no free memory for the cold age
 Q_CREDIT_GATE = 20  # Harvest-SLO: the routed-step credit goes only to jobs with P(next call -> model) >= this

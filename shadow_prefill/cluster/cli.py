@@ -108,7 +108,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--session-draw", choices=SESSION_DRAWS, default=Scenario().session_draw,
                    help="which sessions of the pool each seed replays: shuffle (a random draw per seed, the same "
                         "for every approach of that seed) or in-order (the pool's first sessions for every seed, "
-                        "as before issue 26) (default shuffle)")
+                        "as before the per-seed draw) (default shuffle)")
     t.add_argument("--warmup-s", dest="warmup", metavar="S", type=number(0, 1e7), default=120.0,
                    help="warm-up seconds before the measured window (default 120)")
     t.add_argument("--measure-s", dest="measure", metavar="S", type=number(0, 1e7, lo_open=True), default=600.0,

@@ -18,7 +18,7 @@ traffic shares no prefixes here, but it occupies memory) and session contexts.
 A routed call reuses ``min(cached, history)`` tokens of its session's entry
 on the instance (part 1's token model: a rewritten history truncates every
 model's copy to its first ``history`` tokens), at least one prompt token is
-always computed.  Eviction order (issue 16, no regression by construction): entries
+always computed.  Eviction order (no regression by construction): entries
 idle for more than the cold age (only while shadow KV exists), shadow copies, the
 shadow *tails* of normal copies (tokens shadow work appended to a session's
 cached copy; the copy itself keeps its class and LRU place), normal entries;
@@ -127,7 +127,7 @@ class ClusterConfig:
     prices: tuple | None = None                 # per model (input, output) $ per M tokens; default 1, 1
     cached_price_fraction: float = 0.1
     cache_normal_requests: bool = False         # keep finished normal requests as never-hit cache entries
-    shadow_extends_whole_copy: bool = False     # legacy (before issue 16): an extended copy turns evict-first whole
+    shadow_extends_whole_copy: bool = False     # legacy rule: an extended copy turns evict-first whole
     cold_entries_first: bool = True             # admissions evict entries idle > cold_age_s before shadow KV
     reclaim_guard: bool = True                  # no shadow into free memory for cold_age_s after an admission
                                                 # dropped unused shadow KV on that instance
@@ -200,7 +200,7 @@ class Scenario:
     session_rate: float = 0.2
     seed: int = 0
     # which sessions of the pool a seed replays (workload.schedule_sessions): "shuffle" (a fresh random draw
-    # per seed, the same for every approach of that seed) or "in-order" (the pool's first sessions: issue 16)
+    # per seed, the same for every approach of that seed) or "in-order" (the pool's first sessions, the earlier rule)
     session_draw: str = "shuffle"
 
     @property

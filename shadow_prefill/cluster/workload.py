@@ -260,7 +260,7 @@ def schedule_sessions(ss: SessionSet, session_rate: float, warmup_s: float, meas
     replacement from the pool, from ``rng`` after the start times, so every seed replays other sessions while
     every approach of one seed replays the same ones (a paired design that still samples the session draw;
     beyond the pool's size, further sessions are drawn with replacement); ``"in-order"`` the pool's first
-    sessions in order (issue 16's rule: every seed replayed the same sessions).
+    sessions in order (the earlier rule: every seed replayed the same sessions).
     """
     if not (session_rate > 0 and math.isfinite(session_rate)):
         raise ShadowError(f"session rate must be > 0 sessions/s, got {session_rate!r}")

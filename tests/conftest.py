@@ -128,27 +128,29 @@ def run_inproc():
     exit code (``SystemExit`` included) and what it printed, returned as ``run_tool`` returns them.  The same
     code path without a process start (about a second of imports each); a CLI behaviour that needs a real
     process (the exit status the shell sees, signals, a fresh interpreter) keeps a ``run_tool`` test."""
+    return call_inproc
+
+
+def call_inproc(name, *args):
+    """What the ``run_inproc`` fixture returns, as a plain function (for helpers outside a fixture)."""
     import contextlib
     import importlib
     import io
     import subprocess
 
-    def run(name, *args):
-        module, func = _console_scripts()[name].split(":")
-        main = getattr(importlib.import_module(module), func)
-        argv = [str(a) for a in args]
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(argv)
-            except SystemExit as e:
-                code = e.code
-            if isinstance(code, str):  # as the interpreter does with sys.exit("message")
-                print(code, file=sys.stderr)
-                code = 1
-        return subprocess.CompletedProcess([name, *argv], 0 if code is None else code, out.getvalue(),
-                                           err.getvalue())
-    return run
+    module, func = _console_scripts()[name].split(":")
+    main = getattr(importlib.import_module(module), func)
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        if isinstance(code, str):  # as the interpreter does with sys.exit("message")
+            print(code, file=sys.stderr)
+            code = 1
+    return subprocess.CompletedProcess([name, *argv], 0 if code is None else code, out.getvalue(), err.getvalue())
 
 
 def pytest_collection_modifyitems(config, items):

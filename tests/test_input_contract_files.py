@@ -420,19 +420,10 @@ def _write(folder, files, tables):
 
 
 def _run(argv, seconds=120):
-    import contextlib
-    import importlib
-    import io
-    from conftest import _console_scripts
-    module, func = _console_scripts()[argv[0]].split(":")
-    main = getattr(importlib.import_module(module), func)
-    out, err = io.StringIO(), io.StringIO()
-    with alarm(seconds), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in argv[1:]])
-        except SystemExit as e:
-            code = e.code
-    return (0 if code is None else code), out.getvalue(), err.getvalue()
+    from conftest import call_inproc
+    with alarm(seconds):
+        r = call_inproc(*argv)
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_the_valid_bases_are_accepted(tmp_path, monkeypatch, tables):

@@ -147,7 +147,8 @@ def unique_keys(pairs):
     return d
 
 
-def _duplicate(label: str, e: DuplicateKey) -> str:
+def duplicate_key_message(label: str, e: DuplicateKey) -> str:
+    """The one error line for a key given twice in a JSON object of ``label`` (a file or flag)."""
     from tr_core.errors import short_repr
     return f"{label}: the key {short_repr(e.key)} appears twice in one object (each key once; JSON would keep " \
            "only the last value)"
@@ -166,7 +167,7 @@ def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError
     try:
         return json.loads(text, object_pairs_hook=unique_keys)
     except DuplicateKey as e:
-        raise error(_duplicate(label, e)) from None
+        raise error(duplicate_key_message(label, e)) from None
     except json.JSONDecodeError as e:
         raise error(f"{label} is not valid JSON: {e}") from None
     except RecursionError:
@@ -190,7 +191,7 @@ def read_json(path: str | os.PathLike, what: str, *, error: type[Exception] = Sp
         with open(path, "r", encoding="utf-8") as f:
             return json.load(f, object_pairs_hook=unique_keys)
     except DuplicateKey as e:
-        raise error(_duplicate(f"{what} {path!r}", e)) from None
+        raise error(duplicate_key_message(f"{what} {path!r}", e)) from None
     except FileNotFoundError:
         raise error(f"{what} {path!r} does not exist") from None
     except IsADirectoryError:

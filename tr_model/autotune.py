@@ -348,9 +348,7 @@ def _load_matching(path: str, inputs_hash: str) -> dict | None:
         return None
     try:
         # one read: validated and returned are the same document, even when another process replaces the file
-        from tr_model.thresholds import _parse_json, _read_bytes
-        doc = _parse_json(_read_bytes(path), path)
-        table = ThresholdTable.from_dict(doc, where=f"thresholds file {path!r}", path=path)
+        table, doc = ThresholdTable.load_with_document(path)
         if table.inputs_sha256 != inputs_hash:
             return None
         return doc

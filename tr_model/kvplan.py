@@ -102,11 +102,11 @@ def _read_json_file(path: str, what: str) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{what} {path!r} is not UTF-8 text") from None
-    from tr_core.fileio import DuplicateKey, _duplicate, unique_keys
+    from tr_core.fileio import DuplicateKey, duplicate_key_message, loads_strict
     try:
-        return json.loads(text, parse_float=parse_float, parse_constant=bad_number, object_pairs_hook=unique_keys)
+        return loads_strict(text, parse_float=parse_float, parse_constant=bad_number)
     except DuplicateKey as e:  # JSON would keep the last value without a word
-        raise SpecError(_duplicate(f"{what} {path!r}", e)) from None
+        raise SpecError(duplicate_key_message(f"{what} {path!r}", e)) from None
     except json.JSONDecodeError as e:
         raise SpecError(f"{what} {path!r} is not valid JSON: {e}") from None
     except RecursionError:

@@ -531,9 +531,17 @@ class ThresholdTable:
         N = 1..require_concurrency (use it when the server must not run on a
         partial table).
         """
+        return cls.load_with_document(path, require_concurrency=require_concurrency)[0]
+
+    @classmethod
+    def load_with_document(cls, path: str | os.PathLike, *,
+                           require_concurrency: int | None = None) -> "tuple[ThresholdTable, Any]":
+        """:meth:`load`, also returning the parsed JSON document the table was validated from (one read of the
+        file: another process replacing it meanwhile cannot make the two disagree)."""
         p = os.fspath(path)
         doc = _parse_json(_read_bytes(p), p)
-        return cls.from_dict(doc, where=f"thresholds file {p!r}", path=p, require_concurrency=require_concurrency)
+        table = cls.from_dict(doc, where=f"thresholds file {p!r}", path=p, require_concurrency=require_concurrency)
+        return table, doc
 
     @classmethod
     def from_dict(cls, doc: Any, *, where: str = "thresholds", path: str | None = None,

@@ -13,7 +13,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from . import _common
 
 TITLE = "Server scale: the default tr-optimize at one N (seconds, peak memory, certificate), or its refusal"
 TOPIC = "search"
@@ -42,27 +43,10 @@ def _tool() -> str:
 
 
 def _one(system: str, N: int) -> dict:
-    import tempfile
-    import threading
-
     argv = [_tool(), *SYSTEMS[system], "--N", str(N), "--format", "json", "--no-cache", "--quiet"]
-    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True)
-        timer = threading.Timer(MAX_SECONDS, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)   # this child's own peak memory, not the high-water mark
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - t0
-        fo.seek(0)
-        fe.seek(0)
-        out, err = fo.read(), fe.read()
-    row = {"system": system, "N": N, "exit": proc.returncode, "seconds": seconds,
-           "peak_rss_mb": usage.ru_maxrss / 1024.0}
-    if proc.returncode != 0:
+    code, out, err, seconds, peak_mb = _common.run_process(argv, MAX_SECONDS)
+    row = {"system": system, "N": N, "exit": code, "seconds": seconds, "peak_rss_mb": peak_mb}
+    if code != 0:
         if seconds >= MAX_SECONDS:
             row["message"] = f"not finished within {MAX_SECONDS} s (killed)"
             return row

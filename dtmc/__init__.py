@@ -87,7 +87,7 @@ def _ratio_bound(pi, err, log_bound, g, tau, n) -> float:
     return float((1.0 + back) * np.exp(2.0 * log_bound + 4.0 * gam) - 1.0)
 
 
-def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
+def solve_chain(P, C, d, N, B, caps=None, *, solver: str = "auto", tol: float = DEFAULT_TOL,
                 max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
                 max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None, tighten: bool = False) -> ChainSolution:
     """Build the chain for (P, C, d, N, B, caps), solve it and compute its rewards.
@@ -99,7 +99,7 @@ def solve_chain(P, C, d, N, B, caps=None, solver: str = "auto", tol: float = DEF
     return _solve_built(chain, solver, tol, keep_pi, x0, tighten=tighten)
 
 
-def solve_policy_chain(P, C, d, N, states, launch, caps=None, solver: str = "auto", tol: float = DEFAULT_TOL,
+def solve_policy_chain(P, C, d, N, states, launch, caps=None, *, solver: str = "auto", tol: float = DEFAULT_TOL,
                        max_states: int = DEFAULT_MAX_STATES, keep_pi: bool = False, x0=None,
                        max_transitions: int = DEFAULT_MAX_TRANSITIONS, dco=None) -> ChainSolution:
     """:func:`solve_chain` for the chain under a launch-policy table (see :func:`build_policy_chain`);

@@ -23,6 +23,7 @@ constant set), needed because packed keys differ only in a few low bits.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -36,6 +37,33 @@ I0 = np.int64(0)
 I1 = np.int64(1)
 
 EMPTY = -1
+
+
+
+class ChainTables(NamedTuple):
+    """The system as the enumeration reads it: launch law (``caps``, durations ``d``, co-running ``dco`` and
+    whether it applies), expected tokens per completed request ``cbar``, the batch-routing outcomes
+    (:func:`compositions` and their :func:`composition_probabilities`) and the key packing widths."""
+
+    caps: np.ndarray
+    d: np.ndarray
+    dco: np.ndarray
+    corun: bool
+    cbar: np.ndarray
+    offsets: np.ndarray
+    parts: np.ndarray
+    prob: np.ndarray
+    bn: int
+    br: int
+
+
+class BuildLimits(NamedTuple):
+    """When the enumeration gives up (states, transitions) and the buffer size it starts with."""
+
+    max_states: int
+    max_transitions: int
+    init_cap: int
+
 
 # status codes returned by the BFS kernel
 OK = 0
@@ -259,21 +287,25 @@ def _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
 
 
 @njit(cache=True, inline="always")
-def _decide(k, b, r, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br):
+def _decide(k, b, r, B, pol_keys, pol_mask, tables, M):
     """The launch decision of the chain being built: the thresholds' when ``pol_keys`` is None (numba
     prunes the other branch at compile time, so the threshold chain has no table code), else the table's.
-    Returns ``>= 0`` on success, ``-1 - key`` for a configuration the table cannot decide."""
+    Returns ``>= 0`` on success, ``-1 - key`` for a configuration the table cannot decide.
+
+    ``pol_keys`` stays an argument of its own (not a field of a record): the pruning sees only arguments
+    that are None."""
     if pol_keys is None:
-        _launch(k, b, r, B, caps, d, dco, corun, M)
+        _launch(k, b, r, B, tables.caps, tables.d, tables.dco, tables.corun, M)
         return 0
-    return _policy_launch(k, b, r, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+    return _policy_launch(k, b, r, pol_keys, pol_mask, tables.caps, tables.d, tables.dco, tables.corun, M,
+                          tables.bn, tables.br)
 
 
 @njit(cache=True)
-def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states,
-           max_transitions, init_cap):
+def _build(N, B, pol_keys, pol_mask, tables, limits):
     """Breadth-first enumeration of the reachable states and their transitions, under thresholds ``B``
-    (``pol_keys`` None) or the policy table ``(pol_keys, pol_mask)`` (``B`` unused; :func:`_decide`).
+    (``pol_keys`` None) or the policy table ``(pol_keys, pol_mask)`` (``B`` unused; :func:`_decide`), for
+    the system ``tables`` (:class:`ChainTables`) within ``limits`` (:class:`BuildLimits`).
 
     Returns ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``: the first ``n`` packed keys in
     discovery order, the CSR transition matrix (rows in the same order, duplicates merged, columns sorted
@@ -283,8 +315,11 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
     transitions ``max_transitions``, before the buffers could outgrow memory), DEADLOCK (a state with
     no running model) or BAD_POLICY.
     """
-    M = caps.shape[0]
-    cap = init_cap
+    cbar, offsets, parts, prob, bn, br = (tables.cbar, tables.offsets, tables.parts, tables.prob, tables.bn,
+                                          tables.br)
+    max_states, max_transitions = limits.max_states, limits.max_transitions
+    M = tables.caps.shape[0]
+    cap = limits.init_cap
     keys = np.empty(cap, dtype=np.int64)
     tau = np.empty(cap, dtype=np.int64)
     g = np.empty(cap, dtype=np.float64)
@@ -311,7 +346,7 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
 
     # initial state: all N wait at model 0, then one launch pass
     k[0] = N
-    got = _decide(k, b, r, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+    got = _decide(k, b, r, B, pol_keys, pol_mask, tables, M)
     if got < 0:
         return BAD_POLICY, 0, keys, row_ptr, cols, vals, tau, g, -1 - got
     key0 = _encode(k, b, r, M, bn, br)
@@ -365,7 +400,7 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
                     c = idx[a]
                     for j in range(M):
                         k2[j] += parts[c, j]
-                got = _decide(k2, b2, r2, B, pol_keys, pol_mask, caps, d, dco, corun, M, bn, br)
+                got = _decide(k2, b2, r2, B, pol_keys, pol_mask, tables, M)
                 if got < 0:
                     return BAD_POLICY, n, keys, row_ptr, cols, vals, tau, g, -1 - got
                 if nout == obuf_k.shape[0]:
@@ -429,28 +464,23 @@ def _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, 
 
 
 @njit(cache=True)
-def build_chain(N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states, max_transitions,
-                init_cap):
+def build_chain(N, B, tables, limits):
     """The chain under thresholds ``B`` (:func:`_build`).
 
-    ``dco``/``corun``: the co-running durations and whether the launch law uses them (see
+    ``tables.dco``/``tables.corun``: the co-running durations and whether the launch law uses them (see
     :func:`_launch_mask`); with ``corun`` false ``dco`` is ignored and the chain is the solo one.
     Returns ``(status, n, keys, row_ptr, cols, vals, tau, g)``; ``status`` OK, TOO_MANY_STATES or DEADLOCK.
     """
-    st, n, keys, row_ptr, cols, vals, tau, g, _bad = _build(N, B, None, None, caps, d, dco, corun, cbar,
-                                                            offsets, parts, prob, bn, br, max_states,
-                                                            max_transitions, init_cap)
+    st, n, keys, row_ptr, cols, vals, tau, g, _bad = _build(N, B, None, None, tables, limits)
     return st, n, keys, row_ptr, cols, vals, tau, g
 
 
 @njit(cache=True)
-def build_policy_chain(N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, max_states,
-                       max_transitions, init_cap, pol_keys, pol_mask):
+def build_policy_chain(N, tables, limits, pol_keys, pol_mask):
     """The chain under the policy table ``(pol_keys, pol_mask)`` (:func:`_build`); returns
     ``(status, n, keys, row_ptr, cols, vals, tau, g, bad_key)``."""
-    B = np.zeros(caps.shape[0], dtype=np.int64)      # unused: the table decides
-    return _build(N, B, pol_keys, pol_mask, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br,
-                  max_states, max_transitions, init_cap)
+    B = np.zeros(tables.caps.shape[0], dtype=np.int64)      # unused: the table decides
+    return _build(N, B, pol_keys, pol_mask, tables, limits)
 
 
 @njit(cache=True)

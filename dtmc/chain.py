@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -240,10 +241,10 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     offsets, parts = _compositions(N, M)
     logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
     prob = K.composition_probabilities(P, offsets, parts, logfact)
-    init_cap = 1024
-    status, n, keys, row_ptr, cols, vals, tau, g = K.build_chain(
-        N, B, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions),
-        init_cap)
+    tables = K.ChainTables(caps, d, dco, corun, cbar, offsets, parts, prob, bn, br)
+    status, *raw = K.build_chain(N, B, tables, K.BuildLimits(int(max_states), int(max_transitions), 1024))
+    raw = _Raw(*raw)
+    n = raw.n
     if status == K.TOO_MANY_STATES:
         est = state_bound(N, d, B, caps, dco if corun else None)
         raise StateLimitExceeded(int(max_states), max(est, n),
@@ -251,13 +252,26 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
                                  transitions=n <= max_states, max_transitions=int(max_transitions))
     if status == K.DEADLOCK:
         raise DTMCError("the chain reached a state where no model runs (deadlock); check B and the routing matrix")
-    return _assemble(N, tuple(int(x) for x in B), P, n, keys, row_ptr, cols, vals, tau, g, bn, br, t0)
+    return _assemble(N, tuple(int(x) for x in B), P, raw, bn, br, t0)
 
 
-def _assemble(N, B, P, n, keys, row_ptr, cols, vals, tau, g, bn, br, t0) -> Chain:
-    """The :class:`Chain` of a kernel's output (the first ``n`` states; ``t0`` when the build began)."""
+class _Raw(NamedTuple):
+    """A build kernel's output after its status: the first ``n`` entries of the buffers are the chain."""
+
+    n: int
+    keys: np.ndarray
+    row_ptr: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    tau: np.ndarray
+    g: np.ndarray
+
+
+def _assemble(N, B, P, raw: _Raw, bn, br, t0) -> Chain:
+    """The :class:`Chain` of a kernel's output (``t0`` when the build began)."""
     t1 = time.perf_counter()
     M = P.shape[0]
+    n, keys, row_ptr, cols, vals, tau, g = raw
     nnz = int(row_ptr[n])
     keys = keys[:n].copy()
     T = sp.csr_matrix((vals[:nnz].copy(), cols[:nnz].copy(), row_ptr[: n + 1].copy()), shape=(n, n))
@@ -328,9 +342,11 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
     offsets, parts = _compositions(N, M)
     logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
     prob = K.composition_probabilities(P, offsets, parts, logfact)
-    status, n, skeys, row_ptr, cols, vals, tau, g, bad = K.build_policy_chain(
-        N, caps, d, dco, corun, P, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_transitions),
-        1024, keys, mask)
+    tables = K.ChainTables(caps, d, dco, corun, cbar, offsets, parts, prob, bn, br)
+    status, *raw, bad = K.build_policy_chain(N, tables, K.BuildLimits(int(max_states), int(max_transitions), 1024),
+                                             keys, mask)
+    raw = _Raw(*raw)
+    n = raw.n
     if status == K.TOO_MANY_STATES:
         raise StateLimitExceeded(int(max_states), n, n * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION),
                                  transitions=n <= max_states, max_transitions=int(max_transitions))
@@ -341,4 +357,4 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
         cfg = tuple((int(W[0, i]), int(Bb[0, i]), int(R[0, i])) for i in range(M))
         raise DTMCError(f"the policy table has no valid decision for the reachable configuration "
                         f"(k, b, r per model) = {cfg}")
-    return _assemble(N, (), P, n, skeys, row_ptr, cols, vals, tau, g, bn, br, t0)
+    return _assemble(N, (), P, raw, bn, br, t0)

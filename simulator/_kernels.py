@@ -63,9 +63,55 @@ histogram, and completed requests with their summed sojourn time.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+
+
+class SimSystem(NamedTuple):
+    """The served system: routing (cumulative rows ``pcum`` of P, tokens ``cmat``, expected tokens
+    ``exp_tok`` or -1), step latencies ``lat``/``lat_co`` ``[M, N + 1]``, batch caps, and the serving costs
+    of the module docstring (``ext``, ``prompt_tokens``, ``tbuckets``, ``corun``)."""
+
+    pcum: np.ndarray
+    cmat: np.ndarray
+    exp_tok: np.ndarray
+    lat: np.ndarray
+    lat_co: np.ndarray
+    caps: np.ndarray
+    ext: np.ndarray
+    prompt_tokens: float
+    tbuckets: np.ndarray
+    corun: np.ndarray
+
+
+class SimRequests(NamedTuple):
+    """Where requests go: ``mode`` 0 routes by P (a request ends after ``req_tokens`` committed tokens when
+    that is > 0), mode 1 replays the recorded requests ``off``/``model``/``tok``/``last``."""
+
+    mode: int
+    req_tokens: float
+    off: np.ndarray
+    model: np.ndarray
+    tok: np.ndarray
+    last: np.ndarray
+
+
+class SimRun(NamedTuple):
+    """The run: randomness, tie tolerance, warm-up and measured length, and the statistics' bins."""
+
+    seed: np.uint64
+    jitter_sigma: float
+    tie_ms: float
+    warm_steps: int
+    warm_ms: float
+    meas_steps: int
+    meas_ms: float
+    n_bins: int
+    hist_min_ms: float
+    hist_inv_log_ratio: float
+    n_hist: int
 
 
 @njit(cache=True)
@@ -88,13 +134,9 @@ def _slot_key(seed, slot, generation):
 
 
 @njit(cache=True)
-def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
-                    tr_off, tr_model, tr_tok, tr_last, req_tokens,
-                    seed, jitter_sigma, tie_ms,
-                    warm_steps, warm_ms, meas_steps, meas_ms, n_bins,
-                    hist_min_ms, hist_inv_log_ratio, n_hist,
-                    ext, prompt_tokens, corun, tbuckets, lat_co):
-    """Run one simulation; see the module docstring.
+def simulate_kernel(system, thresh, n_req, requests, run):
+    """Run one simulation of ``n_req`` requests under thresholds ``thresh``; see the module docstring and
+    the records :class:`SimSystem`, :class:`SimRequests` and :class:`SimRun`.
 
     mode 0: routing by ``pcum`` (cumulative rows of P) with tokens ``cmat``;
     requests finish after ``req_tokens`` committed tokens when that is > 0.
@@ -102,8 +144,8 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     throughput with that expected count instead of the drawn ``cmat[i, j]``
     (conditional Monte Carlo: same mean, less variance); requests still
     count their drawn tokens toward ``req_tokens``.
-    mode 1: replay of recorded requests ``tr_off`` (offsets into the flat
-    arrays ``tr_model``/``tr_tok``; ``tr_last`` flags the last step of each
+    mode 1: replay of recorded requests ``off`` (offsets into the flat
+    arrays ``model``/``tok``; ``last`` flags the last step of each
     recorded request), closed loop.
     Exactly one of ``meas_steps`` (> 0) and ``meas_ms`` (> 0) sets the
     measured length; likewise ``warm_steps`` / ``warm_ms`` the warm-up.
@@ -121,6 +163,10 @@ def simulate_kernel(pcum, cmat, exp_tok, lat, caps, thresh, n_req, mode,
     (``co_launches[i]``: measured launches of model i that took ``lat_co``); status 0 ok, 1
     deadlock (no model can run).  Areas are time integrals (request-ms or ms).
     """
+    pcum, cmat, exp_tok, lat, lat_co, caps, ext, prompt_tokens, tbuckets, corun = system
+    mode, req_tokens, tr_off, tr_model, tr_tok, tr_last = requests
+    (seed, jitter_sigma, tie_ms, warm_steps, warm_ms, meas_steps, meas_ms, n_bins, hist_min_ms,
+     hist_inv_log_ratio, n_hist) = run
     M = thresh.shape[0]
     N = n_req
     K2 = np.uint64(0xD6E8FEB86659FD93)

@@ -46,7 +46,7 @@ import numpy as np
 from scipy import stats
 
 from tr_core.errors import SpecError, short_repr
-from simulator._kernels import simulate_kernel
+from simulator._kernels import SimRequests, SimRun, SimSystem, simulate_kernel
 from simulator.traces import RoutingTrace, read_trace, trace_from_records
 
 __all__ = ["LatencySummary", "SimulationResult", "simulate", "validate_thresholds", "CI_BATCHES",
@@ -402,12 +402,11 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         method += "+serving-costs"
     if (lat_co != lat).any():
         method += "+corun-launch"
-    out = simulate_kernel(pcum, C, exp_tok, lat, caps, np.asarray(Bt, dtype=np.int64), N, mode,
-                          tr_off, tr_model, tr_tok, tr_last, req_tok,
-                          np.uint64(seed), sigma, tie_ms,
-                          warm_steps, warm_ms, meas_steps, meas_ms, FINE_BINS,
-                          HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS,
-                          ext, prompt_tokens, corun, tb, lat_co)
+    out = simulate_kernel(SimSystem(pcum, C, exp_tok, lat, lat_co, caps, ext, prompt_tokens, tb, corun),
+                          np.asarray(Bt, dtype=np.int64), N,
+                          SimRequests(mode, req_tok, tr_off, tr_model, tr_tok, tr_last),
+                          SimRun(np.uint64(seed), sigma, tie_ms, warm_steps, warm_ms, meas_steps, meas_ms,
+                                 FINE_BINS, HIST_MIN_MS, 1.0 / math.log(HIST_RATIO), HIST_BINS))
     wall = time.perf_counter() - t_start
     (status, bin_tok, bin_ms, bin_steps, wait_area, busy_area, serv_area, adm_cnt, adm_sum, adm_zero, hist,
      launches, launched, max_batch, completions, sojourn_sum, total_steps, co_launches) = out

@@ -27,6 +27,8 @@ through :func:`apply_record`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -58,6 +60,35 @@ OUT_TOMB = 6
 OUT_MAX_MODEL = 7
 OUT_PEAK = 8  # most requests in flight at once
 OUT_LEN = 9
+
+
+class RequestTable(NamedTuple):
+    """The open-addressing table of requests in flight, one array per field of a slot: request key, slot
+    state (SLOT_*), last step, its next model, run age (-1: unknown), steps on model 0 and escalations
+    from it."""
+
+    keys: np.ndarray
+    state: np.ndarray
+    step: np.ndarray
+    nxt: np.ndarray
+    age: np.ndarray
+    n0: np.ndarray
+    x0: np.ndarray
+
+
+class TraceStats(NamedTuple):
+    """The sufficient statistics (module docstring) and the ``out[]`` counters shared with the driver."""
+
+    counts: np.ndarray
+    csum: np.ndarray
+    csq: np.ndarray
+    at_risk: np.ndarray
+    events: np.ndarray
+    runs: np.ndarray
+    esc_acc: np.ndarray
+    esc_hist: np.ndarray
+    final_acc: np.ndarray
+    out: np.ndarray
 
 
 @njit(cache=True)
@@ -111,13 +142,14 @@ def _finish_request(n0, x0, esc_acc, esc_hist):
 
 
 @njit(cache=True)
-def apply_record(key, step, model, nxt, tokens, mcap,
-                 tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                 counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out):
-    """Fold one validated record into the statistics; returns an ERR_* code.
+def apply_record(key, step, model, nxt, tokens, mcap, table, stats):
+    """Fold one validated record into ``stats`` (:class:`TraceStats`), its request's slot in ``table``
+    (:class:`RequestTable`); returns an ERR_* code.
 
     Returns -1 (and changes nothing) when the table needs to grow first.
     """
+    tkeys, tstate, tstep, tnext, tage, tn0, tx0 = table
+    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out = stats
     if model < 0 or model >= mcap or nxt < -1 or nxt >= mcap:
         return ERR_MODEL_RANGE
     kcap = at_risk.shape[1] - 1
@@ -180,9 +212,7 @@ def apply_record(key, step, model, nxt, tokens, mcap,
 
 
 @njit(cache=True)
-def apply_token_sources(offsets, first_steps, is_ref, start, mcap,
-                        tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                        counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out):
+def apply_token_sources(offsets, first_steps, is_ref, start, mcap, table, stats):
     """Fold per-token model choices of two-model requests (R2R's records) into the statistics.
 
     Request r owns tokens ``offsets[r]:offsets[r+1]`` of ``is_ref``; its chain steps are, per token, one
@@ -198,25 +228,21 @@ def apply_token_sources(offsets, first_steps, is_ref, start, mcap,
         step = first_steps[r]
         for t in range(offsets[r], offsets[r + 1]):
             if is_ref[t]:
-                code = apply_record(r, step, 0, 1, 0.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+                code = apply_record(r, step, 0, 1, 0.0, mcap, table, stats)
                 if code == -1:
                     return r
                 if code != 0:
                     return -code
                 step += 1
-                code = apply_record(r, step, 1, 0, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+                code = apply_record(r, step, 1, 0, 1.0, mcap, table, stats)
             else:
-                code = apply_record(r, step, 0, 0, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                                    counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+                code = apply_record(r, step, 0, 0, 1.0, mcap, table, stats)
                 if code == -1:
                     return r
             if code != 0:
                 return -code
             step += 1
-        code = apply_record(r, step, 0, -1, 1.0, mcap, tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                            counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out)
+        code = apply_record(r, step, 0, -1, 1.0, mcap, table, stats)
         if code != 0:
             return -code
     return n
@@ -231,9 +257,11 @@ def finish_all(tstate, tn0, tx0, esc_acc, esc_hist):
 
 
 @njit(cache=True)
-def rehash(old_keys, old_state, old_step, old_next, old_age, old_n0, old_x0,
-           keys, state, step, nxt, age, n0, x0):
-    """Move live slots into (larger, empty) arrays; returns the number moved."""
+def rehash(old, new):
+    """Move the live slots of the table ``old`` into ``new`` (larger or as large, empty); returns the number
+    moved."""
+    old_keys, old_state, old_step, old_next, old_age, old_n0, old_x0 = old
+    keys, state, step, nxt, age, n0, x0 = new
     moved = 0
     for s in range(old_keys.shape[0]):
         if old_state[s] != SLOT_LIVE:
@@ -422,15 +450,14 @@ def _parse_line(buf, p, e, names, offs, rec_i, rec_f):
 
 
 @njit(cache=True)
-def consume_lines(buf, n, names, offs, mcap,
-                  tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                  counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist, final_acc, out):
+def consume_lines(buf, n, names, offs, mcap, table, stats):
     """Parse and fold every complete (newline-terminated) line of ``buf[:n]``.
 
     Stops early with STATUS_FALLBACK / STATUS_TABLE_FULL / STATUS_ERROR at the
     start of the line concerned (``out[OUT_POS]``); ``out[OUT_LINES]`` counts the
     lines fully consumed in this call.
     """
+    out = stats.out
     rec_i = np.zeros(4, dtype=np.int64)
     rec_f = np.zeros(1, dtype=np.float64)
     p = 0
@@ -454,10 +481,7 @@ def consume_lines(buf, n, names, offs, mcap,
                 out[OUT_ERR_END] = e
                 out[OUT_LINES] = lines
                 return
-            code = apply_record(rec_i[0], rec_i[1], rec_i[2], rec_i[3], rec_f[0], mcap,
-                                tkeys, tstate, tstep, tnext, tage, tn0, tx0,
-                                counts, csum, csq, at_risk, events, runs, esc_acc, esc_hist,
-                                final_acc, out)
+            code = apply_record(rec_i[0], rec_i[1], rec_i[2], rec_i[3], rec_f[0], mcap, table, stats)
             if code != ERR_NONE:
                 out[OUT_STATUS] = STATUS_TABLE_FULL if code < 0 else STATUS_ERROR
                 out[OUT_ERR] = code

@@ -348,7 +348,7 @@ def r2r_accumulator(req: R2RRequests, *, age_cap: int = 2048) -> TraceAccumulato
     start, n = 0, req.n_requests
     while start < n:
         got = int(K.apply_token_sources(req.offsets, first_steps, req.is_reference, start, acc.mcap,
-                                        *acc.table_args()))
+                                        *acc.records()))
         if got < 0:  # pragma: no cover - the mapping builds valid step sequences
             raise TraceError(f"internal error folding R2R records (code {-got})")
         if got < n:

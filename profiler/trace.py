@@ -85,15 +85,17 @@ class TraceAccumulator:
         live = int(self.out[5])
         cap = self.tkeys.shape[0]
         new_cap = cap * 2 if (live + 1) * 4 > cap else cap  # only tombstones: same size, cleaned
-        old = (self.tkeys, self.tstate, self.tstep, self.tnext, self.tage, self.tn0, self.tx0)
+        old = self.records()[0]
         self._alloc_table(new_cap)
-        K.rehash(*old, self.tkeys, self.tstate, self.tstep, self.tnext, self.tage, self.tn0, self.tx0)
+        K.rehash(old, self.records()[0])
         self.out[6] = 0
 
-    def table_args(self):
-        return (self.tkeys, self.tstate, self.tstep, self.tnext, self.tage, self.tn0, self.tx0,
-                self.counts, self.csum, self.csq, self.at_risk, self.events, self.runs,
-                self.esc_acc, self.esc_hist, self.final_acc, self.out)
+    def records(self):
+        """``(RequestTable, TraceStats)`` over this accumulator's arrays, as the kernels take them."""
+        from profiler import _kernels as K
+        return (K.RequestTable(self.tkeys, self.tstate, self.tstep, self.tnext, self.tage, self.tn0, self.tx0),
+                K.TraceStats(self.counts, self.csum, self.csq, self.at_risk, self.events, self.runs,
+                             self.esc_acc, self.esc_hist, self.final_acc, self.out))
 
     @property
     def n_models(self) -> int:
@@ -115,7 +117,7 @@ def _apply_slow(acc: TraceAccumulator, rec: TraceRecord, where: str) -> None:
     key = _key_of(rec.request_id)
     while True:
         code = K.apply_record(key, rec.step, rec.model, rec.next_model, rec.committed_tokens, acc.mcap,
-                              *acc.table_args())
+                              *acc.records())
         if code >= 0:
             break
         acc.grow()
@@ -223,7 +225,7 @@ def accumulate_trace(path: str | os.PathLike, *, model_cap: int = DEFAULT_MODEL_
             ids.check(buf, _complete(buf, have), base_line)
             pos = 0
             while True:
-                K.consume_lines(buf[pos:have], have - pos, names, offs, acc.mcap, *acc.table_args())
+                K.consume_lines(buf[pos:have], have - pos, names, offs, acc.mcap, *acc.records())
                 st = int(acc.out[0])
                 base_line += int(acc.out[2])
                 start = pos + int(acc.out[1])

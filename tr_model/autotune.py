@@ -517,10 +517,13 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     if max_hours is not None and worker_lock is None and (time_budget_s is None or background):
         _check_hours(spec, max_concurrency, len(_computed(doc["entries"])) if doc else 0, opts, max_hours)
     if time_budget_s is None or worker_lock is not None:
-        return _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token,
-                             progress, write_interval_s, keep_on_write_error, document)
-    return _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, t_start + time_budget_s,
-                                  time_budget_s, background, keep_on_write_error, clock, document)
+        return _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file=cache_file,
+                             worker_lock=worker_lock, worker_token=worker_token, progress=progress,
+                             write_interval_s=write_interval_s, keep_on_write_error=keep_on_write_error,
+                             document=document)
+    return _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir=cache_dir,
+                                  deadline=t_start + time_budget_s, budget=time_budget_s, background=background,
+                                  keep_on_write_error=keep_on_write_error, clock=clock, document=document)
 
 
 def _table(doc: dict, document: dict | None, **kw) -> ThresholdTable:
@@ -551,7 +554,7 @@ def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mappin
                         "extrapolated), or raise max_hours")
 
 
-def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_lock, worker_token, progress,
+def _compute_here(spec, max_concurrency, out, h, opts, doc, *, cache_file, worker_lock, worker_token, progress,
                   write_interval_s, keep_on_write_error, document=None) -> ThresholdTable:
     """Optimize N = K+1..max_concurrency in this process, writing ``out`` as rows arrive."""
     entries = _computed(doc["entries"]) if doc else []
@@ -636,7 +639,7 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, cache_file, worker_l
     return table or ThresholdTable.from_dict(doc, where=f"thresholds file {out!r}", path=out)
 
 
-def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, cache_dir, deadline, budget, background,
+def _compute_with_deadline(spec, max_concurrency, out, h, opts, doc, *, cache_dir, deadline, budget, background,
                            keep_on_write_error, clock, document=None) -> ThresholdTable:
     """Run the computation in a worker process and return what it has written by ``deadline``."""
     computed = _computed(doc["entries"]) if doc else []

@@ -87,8 +87,8 @@ def render() -> str:
         "- `--format table|json|csv`; `--out FILE` writes what would go to stdout to FILE instead, "
         "atomically (temp name, then rename), regular files only, the format taken from the extension "
         "when `--format` is not given;",
-        "- `--version` on every command; old flag spellings are hidden aliases that print "
-        "`note: --old is deprecated; use --new`;",
+        "- `--version` on every command; long flags are spelled in full (an abbreviation or an old "
+        "spelling is refused as an unknown argument);",
         "- exit codes: 0 ok; 2 bad input, reported as one line on stderr starting `error:` (argparse's own "
         "errors too, no usage block); 3 a resource limit (`--max-states`, `--max-evaluations`, `--max-hours`: an estimate of the time, before any work); 130 "
         "interrupted (`error: interrupted`, nothing half-written).\n",

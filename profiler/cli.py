@@ -22,7 +22,7 @@ import time
 from typing import Any, Sequence
 
 from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_out_path,
-                         deprecated_alias, emit, format_table, note, output_format, parse_int_ranges, refuse_given,
+                         emit, format_table, note, output_format, parse_int_ranges, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 
@@ -125,7 +125,6 @@ def _latency_args(p: argparse.ArgumentParser, batch_default: Sequence[str]) -> N
     g.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
                    help="memory bandwidth for the roofline in GB/s (default: the GPU's spec-sheet figure, else a "
                         "measured device-to-device copy)")
-    deprecated_alias(p, "--warmup", "--warmup-steps")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -907,7 +906,6 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--models", type=int, default=None, help="number of models M (default: from the trace)")
     q.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
     add_list_arg(q, "--L", metavar="MS", help="step latency L_i of each model in ms, e.g. --L 6 27.9")
-    deprecated_alias(q, "--step-latency-ms", "--L")
     _spec_args(q)
     _common_args(q, run_dir=False)
     q.set_defaults(func=cmd_routing)

@@ -257,14 +257,14 @@ def build_system_spec(estimate: RoutingEstimate, *, step_latency_ms: Sequence[fl
     elif step_latency_ms is not None:
         L = [float(v) for v in step_latency_ms]
         if len(L) != M:
-            raise ProfileError(f"--step-latency-ms has {len(L)} values but the trace has {M} models")
+            raise ProfileError(f"--L has {len(L)} values but the trace has {M} models")
         lat_prov = {"source": "given on the command line", "step_latency_ms": L}
         if corun_profiles is not None:
             notes = check_profiles([], allow_mixed=allow_mixed, corun_profiles=corun_profiles)
         if delta_ms == "auto":
             delta_ms = auto_delta(L + corun_meds, delta_rtol)
     else:
-        raise ProfileError("a spec needs latencies: pass --step-latency-ms or --latency-profile (one per model)")
+        raise ProfileError("a spec needs latencies: pass --L or --latency-profile (one per model)")
     P, C = spec_matrices(estimate)
     from profiler import __version__
     prov = {"tool": "tr-profile", "tool_version": __version__,

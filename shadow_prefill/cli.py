@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tr_core.cli import Parser, add_output_args, add_version, check_out_path, deprecated_alias, emit, output_format, \
+from tr_core.cli import Parser, add_output_args, add_version, check_out_path, emit, output_format, \
     refuse_given, require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
@@ -113,7 +113,6 @@ def _stats_parser(sub) -> argparse.ArgumentParser:
                         "cache (default 0.05)")
     c.add_argument("--replay-tpot-s", dest="replay_tpot", type=number(0.0), default=0.025,
                    help="seconds per output token of the replay clock (default 0.025)")
-    deprecated_alias(p, "--replay-tpot", "--replay-tpot-s")
     lt = p.add_argument_group("isolated call latency (Figure 2d)")
     lt.add_argument("--latency", action="store_true",
                     help="add isolated latency and TTFT of same-model and switch calls from the roofline")

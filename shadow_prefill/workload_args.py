@@ -20,7 +20,6 @@ import math
 import os
 from typing import Any, Callable, Sequence
 
-from tr_core.cli import deprecated_alias
 
 from shadow_prefill.builder import AgentLoopParams, LengthDist, LogNormal, MatrixWorkload, SyntheticParams, \
     generate_synthetic_sessions
@@ -138,7 +137,6 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
     src.add_argument("--prices", dest="prices", metavar="FILE",
                               help="model prices, models.json format ({model: {input_price, output_price}} in $/M "
                                    "tokens); for --matrix defaults to models.json next to the matrix")
-    deprecated_alias(p, "--models", "--prices")  # --models is a count in the other tools (docs/cli-convention.md)
     src.add_argument("--name", help="workload label in the output (one source only; default: the file name, or "
                                     "'synthetic')")
 
@@ -152,7 +150,6 @@ def add_workload_args(p: argparse.ArgumentParser, multi: bool = True) -> None:
                    help="output tokens per call, lognormal (default 300,0.8)")
     b.add_argument("--gap-s", dest="gap", default="2.0,1.0", metavar="MEDIAN[,SIGMA]",
                          help="seconds between a call's completion and the next call, lognormal (default 2.0,1.0)")
-    deprecated_alias(p, "--gap", "--gap-s")
     b.add_argument("--summary-tokens", type=positive_int, default=1000,
                    help="size of the summary a compaction leaves (default 1000)")
     b.add_argument("--context-window", action="append", metavar="TOKENS|MODEL=TOKENS",

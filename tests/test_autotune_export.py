@@ -173,11 +173,12 @@ def test_refusals_are_one_error_line_exit_2(tmp_path, capsys, case, needle):
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
 
 
-def test_the_old_spelling_max_concurrency_works_with_a_note(tmp_path, capsys):
+def test_the_old_spelling_max_concurrency_is_refused(tmp_path, capsys):
     path = _write(tmp_path, _doc(_random_vectors(random.Random(3), 6)))
-    code, out, err = _run(capsys, ["export", "r2r", "--thresholds", path, "--max-concurrency", "4"])
+    code, out, err = _run(capsys, ["export", "r2r", "--thresholds", path, "--N", "4"])
     assert code == 0 and len(_r2r_parse(out.split()[1])) == 4
-    assert "--max-concurrency is deprecated; use --N" in err
+    code, out, err = _run(capsys, ["export", "r2r", "--thresholds", path, "--max-concurrency", "4"])
+    assert code == 2 and out == "" and err == "error: unrecognized arguments: --max-concurrency 4\n", err
 
 
 def test_api_refuses_the_eager_fallback():

@@ -352,7 +352,7 @@ def test_the_budget_is_a_limit_when_the_work_is_slow(tmp_path, monkeypatch):
 def test_cli_run_accepts_delta_auto_and_certified_search(tmp_path):
     from tr_core.grid import coarsest_delta, spec_latencies
     out = tmp_path / "th.json"
-    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--delta", "auto", "--N", "5", "--thresholds", str(out),
+    r = _cli("run", "--p", "0.35", "--L", "6.0", "27.9", "--delta-ms", "auto", "--N", "5", "--thresholds", str(out),
              "--search", "certified", "--max-gap", "0.01", "--quiet")
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())

@@ -1,5 +1,5 @@
 """tr-autotune and tr-optimize follow the one convention: --N, --delta-ms, --out instead of stdout, 1.111x,
---version, hidden aliases with a note, partial tables that say why.  In-process (main(argv))."""
+--version, no old spellings, partial tables that say why.  In-process (main(argv))."""
 
 from __future__ import annotations
 
@@ -42,18 +42,22 @@ def test_version(runner, prog):
     assert code == 0 and out.strip() == f"{prog} {__version__}"
 
 
-def test_run_with_new_and_old_spellings(tmp_path):
+def test_run_with_the_current_spellings_only(tmp_path):
     th = tmp_path / "th.json"
     code, out, err = _autotune(["run", "--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--thresholds", th])
     assert code == 0 and err == "", err
     assert "1.111x" in out and "1.1109" not in out             # gains as 1.111x in tables
     first = th.read_bytes()
-    code, out2, err = _autotune(["--p", "0.35", "--L", "6.0", "27.9", "--max-concurrency", "4", "--out", th,
-                                 "--delta", "0.1"])
-    assert code == 0 and out2 == out
-    assert err.splitlines() == ["note: --max-concurrency is deprecated; use --N",
-                                "note: --out is deprecated; use --thresholds",
-                                "note: --delta is deprecated; use --delta-ms"]
+    code, out2, err = _autotune(["--p", "0.35", "--L", "6.0", "27.9", "--N", "4", "--thresholds", th,
+                                 "--delta-ms", "0.1"])  # no subcommand: run
+    assert code == 0 and out2 == out and err == "", err
+    assert json.loads(th.read_bytes())["entries"] == json.loads(first)["entries"]
+    # the spellings of a version never released are refused, not read as aliases
+    for old in (["--max-concurrency", "4", "--thresholds", th], ["--N", "4", "--out", th],
+                ["--N", "4", "--thresholds", th, "--delta", "0.1"]):
+        code, out3, err = _autotune(["run", "--p", "0.35", "--L", "6.0", "27.9", *old])
+        assert code == 2 and out3 == "", (old, err)
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, (old, err)
     assert json.loads(th.read_bytes())["entries"] == json.loads(first)["entries"]
 
 

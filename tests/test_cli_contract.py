@@ -17,8 +17,6 @@ def _parser():
     p.add_argument("--N", nargs="+")
     p.add_argument("--delta-ms", type=float)
     p.add_argument("--quiet", action="store_true")
-    cli.deprecated_alias(p, "--delta", "--delta-ms")
-    cli.deprecated_alias(p, "--silent", "--quiet")
     cli.add_list_arg(p, "--L", convert=float)
     cli.add_output_args(p)
     sub = p.add_subparsers(dest="cmd")
@@ -46,13 +44,16 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"tool {__version__}"
 
 
-def test_deprecated_alias_sets_the_new_dest_with_a_note(capsys):
-    a = _parser().parse_args(["--delta", "0.5", "--silent"])
-    assert a.delta_ms == 0.5 and a.quiet is True
+@pytest.mark.parametrize("argv", [["--delta=0.5"], ["--qui"], ["--delta-m=0.5"],
+                                  ["run", "--instances", "1", "--inst", "2"]])
+def test_a_long_flag_is_never_abbreviated(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parser().parse_args(argv)
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "note: --delta is deprecated; use --delta-ms" in err
-    assert "note: --silent is deprecated; use --quiet" in err
-    assert "--delta " not in _parser().format_help().replace("--delta-ms", "")  # hidden
+    assert err.startswith("error: unrecognized arguments: ") and err.count("\n") == 1, (argv, err)
+    a = _parser().parse_args(["--delta-ms=0.5", "--quiet", "run", "--instances", "2"])  # the full spellings
+    assert a.delta_ms == 0.5 and a.quiet is True and a.instances == 2
 
 
 def test_list_arg_space_and_deprecated_comma(capsys):
@@ -170,11 +171,9 @@ def test_format_gain():
     assert cli.format_gain(1.11089) == "1.111x" and cli.format_gain(None) == "-"
 
 
-def test_a_required_flag_may_be_given_by_its_deprecated_alias(capsys):
+def test_a_required_flag_is_checked_by_argparse(capsys):
     p = cli.Parser(prog="tool")
     p.add_argument("--N", type=int, required=True)
-    cli.deprecated_alias(p, "--clients", "--N")
-    assert p.parse_args(["--clients", "4"]).N == 4
     assert p.parse_args(["--N", "5"]).N == 5
     with pytest.raises(SystemExit) as e:
         p.parse_args([])
@@ -207,3 +206,43 @@ def test_all_four_commands_have_version_and_one_line_argparse_errors(prog, modul
         r = run_inproc(prog, *argv)
         code, out, err = r.returncode, r.stdout, r.stderr
         assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "usage" not in err, (argv, err)
+
+
+# The spellings of a version that was never released: refused like any unknown flag, never read as an alias.
+OLD_SPELLINGS = {
+    "tr-optimize --sim-budget": ["tr-optimize", "--p", "0.35", "--L", "6", "28", "--N", "2", "--method", "simulate",
+                                 "--sim-budget", "3"],
+    "tr-optimize --delta": ["tr-optimize", "--p", "0.35", "--L", "6", "28", "--N", "2", "--delta", "0.5"],
+    "autotune run --max-concurrency": ["tr-autotune", "run", "--p", "0.35", "--L", "6", "28", "--thresholds",
+                                       "t.json", "--N", "2", "--max-concurrency", "4"],
+    "autotune run --out": ["tr-autotune", "run", "--p", "0.35", "--L", "6", "28", "--N", "2", "--thresholds", "t.json",
+                           "--out", "t.json"],
+    "autotune show --active-requests": ["tr-autotune", "show", "t.json", "--active-requests", "2"],
+    "autotune show --require-concurrency": ["tr-autotune", "show", "t.json", "--require-concurrency", "2"],
+    "autotune kv-plan --max-concurrency": ["tr-autotune", "kv-plan", "--placement", "p.json", "--max-concurrency", "2"],
+    "autotune measure --clients": ["tr-autotune", "measure", "--p", "0.35", "--L", "6", "28", "--B", "1", "1",
+                                   "--N", "2", "--clients", "2"],
+    "autotune export --max-concurrency": ["tr-autotune", "export", "r2r", "--thresholds", "t.json",
+                                          "--max-concurrency", "4"],
+    "profile latency --warmup": ["tr-profile", "latency", "--config", "c.json", "--warmup", "1"],
+    "profile routing --step-latency-ms": ["tr-profile", "routing", "--trace", "t.jsonl", "--step-latency-ms", "6"],
+    "shadow stats --models": ["tr-shadow", "stats", "--synthetic", "--models", "m.json"],
+    "shadow stats --gap": ["tr-shadow", "stats", "--synthetic", "--gap", "1.0,0.5"],
+    "shadow stats --replay-tpot": ["tr-shadow", "stats", "--synthetic", "--replay-tpot", "0.05"],
+    "shadow simulate --cold-age": ["tr-shadow", "simulate", "--synthetic", "--cold-age", "3"],
+    "shadow simulate --capacity": ["tr-shadow", "simulate", "--synthetic", "--capacity", "small=17"],
+    "shadow compare --warmup": ["tr-shadow", "compare", "--synthetic", "--warmup", "10"],
+    "shadow compare --measure": ["tr-shadow", "compare", "--synthetic", "--measure", "80"],
+    "shadow compare --drain": ["tr-shadow", "compare", "--synthetic", "--drain", "900"],
+}
+
+
+@pytest.mark.parametrize("case", list(OLD_SPELLINGS))
+def test_old_spellings_are_refused(case, run_inproc, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing the command might write lands in the checkout
+    argv = OLD_SPELLINGS[case]
+    old = case.split()[-1]
+    r = run_inproc(*argv)
+    assert r.returncode == 2, (case, r.stderr)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (case, r.stderr)
+    assert old in r.stderr and "Traceback" not in r.stderr and "deprecated" not in r.stderr, (case, r.stderr)

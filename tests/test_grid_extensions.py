@@ -81,7 +81,7 @@ def test_cli_l_table_caps_and_admission(run_tool, tmp_path):
     bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--max-batch", "0", "none")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --max-batch")
     bad = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--delta-ms", "fine")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --delta")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --delta-ms")
 
 
 @pytest.mark.slow
@@ -99,7 +99,7 @@ def test_cli_method_simulate_and_auto(run_tool):
     assert exact["method"] == "exact" and exact["B"] == [1, 2]
     # too big for the exact cap: auto falls back to the simulator
     r = run_tool("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--N", "6", "--method", "auto",
-                 "--max-states", "30", "--sim-budget", "3", "--format", "json", "--no-cache")
+                 "--max-states", "30", "--sim-budget-s", "3", "--format", "json", "--no-cache")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)["results"][0]
     assert res["method"] == "simulate" and res["tie_set"] and [1, 1] != res["B"]

@@ -163,7 +163,7 @@ CONFLICTS = {
     "optimize --B --search": (OPT + ["--B", "1", "2", "--search", "pruned"], "--search applies to a search"),
     "optimize --B --all": (OPT + ["--B", "1", "2", "--all"], "--all applies to a search"),
     "optimize exact --jitter": (OPT + ["--jitter", "0.2"], "--jitter applies to the simulator"),
-    "optimize exact --sim-budget (old spelling)": (OPT + ["--sim-budget", "3"], "--sim-budget applies to the simulator"),
+    "optimize exact --sim-budget-s": (OPT + ["--sim-budget-s", "3"], "--sim-budget-s applies to the simulator"),
     "optimize exhaustive --max-gap": (OPT + ["--search", "exhaustive", "--max-gap", "0.01"],
                                       "--max-gap applies to --search certified or auto"),
     "optimize simulate --solver": (OPT + ["--method", "simulate", "--solver", "gth"], "--solver applies to the exact"),
@@ -191,7 +191,6 @@ def test_given_knows_the_flags_typed_not_the_defaults():
     p = cli.Parser(prog="t")
     p.add_argument("--max-gap", type=float, default=0.005)
     p.add_argument("--quiet", action="store_true")
-    cli.deprecated_alias(p, "--gap", "--max-gap")
     sub = p.add_subparsers(dest="cmd")
     s = sub.add_parser("run")
     s.add_argument("--seed", type=int, default=0)
@@ -199,8 +198,8 @@ def test_given_knows_the_flags_typed_not_the_defaults():
     assert cli.given(a, "max_gap") is None and a.max_gap == 0.005
     assert cli.given(p.parse_args(["--max-gap", "0.005"]), "max_gap") == "--max-gap"   # typed, even at its default
     assert cli.given(p.parse_args(["--max-gap=0.1"]), "max_gap") == "--max-gap"
-    assert cli.given(p.parse_args(["--max-g", "0.1"]), "max_gap") == "--max-gap"        # an abbreviation
-    assert cli.given(p.parse_args(["--gap", "0.1"]), "max_gap") == "--gap"               # the spelling typed
+    with pytest.raises(SystemExit):  # an abbreviation is not the flag
+        p.parse_args(["--max-g", "0.1"])
     a = p.parse_args(["--quiet", "run", "--seed", "3"])
     assert cli.given(a, "quiet") == "--quiet" and cli.given(a, "seed") == "--seed"
     with pytest.raises(cli.SpecError, match="--seed costs"):
@@ -561,11 +560,10 @@ def test_a_measurement_dominated_by_timer_noise_is_refused(here):
 
 
 NAMES = {
-    "typed old spelling": (OPT + ["--delta", "0"], "error: --delta must be > 0 ms"),
+    "typed --delta-ms": (OPT + ["--delta-ms", "0"], "error: --delta-ms must be > 0 ms"),
     "library field mapped": (["tr-autotune", "run", *SYSTEM, "--N", "2", "--thresholds", "t.json", "--max-gap", "2"],
                              "error: --max-gap must be"),
-    "old spelling of --N": (["tr-autotune", "run", *SYSTEM, "--max-concurrency", "0", "--thresholds", "t.json"],
-                            "error: --max-concurrency must be >= 1"),
+    "--N of run": (["tr-autotune", "run", *SYSTEM, "--N", "0", "--thresholds", "t.json"], "error: --N must be >= 1"),
     "a flag's value, not the file": (["tr-optimize", "--spec", SPEC, "--N", "2", "--delta-ms", "0.07", "--no-cache"],
                                      "--delta-ms"),
 }

@@ -101,9 +101,8 @@ def test_routing_cli_spec_feeds_tr_optimize(run_tool, run_main, tmp_path):
     trace = tmp_path / "t.jsonl"
     write_synthetic_trace(trace, [[0.7, 0.3], [1.0, 0.0]], [[1, 0], [1, 0]], n_requests=40, steps_per_request=50,
                           seed=4)
-    r = run_tool("tr-profile", "routing", "--trace", trace, "--step-latency-ms", "6,27.9", "--out", "spec.json")
+    r = run_tool("tr-profile", "routing", "--trace", trace, "--L", "6,27.9", "--out", "spec.json")
     assert r.returncode == 0, r.stderr
-    assert "note: --step-latency-ms is deprecated; use --L" in r.stderr
     assert "comma-separated" in r.stderr and r.stdout == ""
     r = run_main("routing", "--trace", trace, "--L", "6", "27.9", "--format", "csv")
     assert r.returncode == 0, r.stderr
@@ -206,7 +205,7 @@ def test_route_run_and_system_cli(run_tool, run_main, configs, prompts, tmp_path
     # system from the recorded trace + latency measured now (2 batch sizes)
     r = run_tool("tr-profile", "system", "--model", configs[0], configs[1], "--trace", "rr.jsonl",
                  "--batch-sizes", "1", "2", "--context", "8", "--steps", "3", "--threads", "1", "--out", "sys.json",
-                 "--delta-ms", "0.01", "--warmup", "1")
+                 "--delta-ms", "0.01", "--warmup-steps", "1")
     assert r.returncode == 0, r.stderr
     spec = load_spec("sys.json")
     assert spec.M == 2 and spec.batch_dependent

@@ -229,16 +229,15 @@ def test_output_targets_and_formats(capsys, tmp_path):
     assert head.split()[-1] == "sw-slow" and re.fullmatch(r"\d+\.\d{3}x", row.split()[-1])
 
 
-def test_deprecated_flags_note_once(capsys, matrix, tmp_path):
-    rc, out_old, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", "--models",
-                           str(tmp_path / "models.json"), "--gap", "3,0.5", "--replay-tpot", "0.05", "--format", "json")
-    assert rc == 0
-    assert err.splitlines() == ["note: --models is deprecated; use --prices", "note: --gap is deprecated; use --gap-s",
-                                "note: --replay-tpot is deprecated; use --replay-tpot-s"]
+@pytest.mark.parametrize("old", [["--models", "models.json"], ["--gap", "3,0.5"], ["--replay-tpot", "0.05"]])
+def test_old_spellings_are_refused(capsys, matrix, tmp_path, old):
     rc, out_new, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", "--prices",
                            str(tmp_path / "models.json"), "--gap-s", "3,0.5", "--replay-tpot-s", "0.05",
                            "--format", "json")
-    assert rc == 0 and err == "" and out_old == out_new
+    assert rc == 0 and err == "" and out_new
+    rc, out, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", *old)
+    assert rc == 2 and out == ""
+    assert err.startswith(f"error: unrecognized arguments: {old[0]}") and err.count("\n") == 1, err
 
 
 def test_missing_matrix_is_reported_missing(capsys, tmp_path):

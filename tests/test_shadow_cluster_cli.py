@@ -169,23 +169,20 @@ def test_overloaded_run_is_flagged(capsys, tmp_path):
     assert rc == 0 and json.loads(out)["overloaded"] is False and "warning" not in err
 
 
-def test_deprecated_spellings_still_read(capsys):
+def test_old_spellings_are_refused_and_the_old_list_syntax_still_read(capsys):
     from shadow_prefill.cli import build_parser
-    old = build_parser().parse_args(["compare", "--synthetic", "--warmup", "10", "--measure", "80", "--drain", "900",
-                                     "--cold-age", "3", "--capacity", "small=17", "--models", "m.json",
-                                     "--gap", "1.0,0.5"])
-    err = capsys.readouterr().err
-    new = build_parser().parse_args(["compare", "--synthetic", "--warmup-s", "10", "--measure-s", "80", "--drain-s",
-                                     "900", "--cold-age-s", "3", "--capacity-rps", "small=17", "--prices", "m.json",
-                                     "--gap-s", "1.0,0.5"])
-    typed = {"_typed_flags"}  # what the user typed differs by design (messages name the spelling typed)
-    assert {k: v for k, v in vars(old).items() if k not in typed} == \
-        {k: v for k, v in vars(new).items() if k not in typed}
-    for o, n in (("--warmup", "--warmup-s"), ("--measure", "--measure-s"), ("--drain", "--drain-s"),
-                 ("--cold-age", "--cold-age-s"), ("--capacity", "--capacity-rps"), ("--models", "--prices"),
-                 ("--gap", "--gap-s")):
-        assert f"note: {o} is deprecated; use {n}\n" in err
-    assert capsys.readouterr().err == ""  # the new spellings print nothing
+    a = build_parser().parse_args(["compare", "--synthetic", "--warmup-s", "10", "--measure-s", "80", "--drain-s",
+                                   "900", "--cold-age-s", "3", "--capacity-rps", "small=17", "--prices", "m.json",
+                                   "--gap-s", "1.0,0.5"])
+    assert (a.warmup, a.measure, a.drain, a.cold_age, a.capacity) == (10.0, 80.0, 900.0, 3.0, ["small=17"])
+    assert capsys.readouterr().err == ""  # the current spellings print nothing
+    for old, value in (("--warmup", "10"), ("--measure", "80"), ("--drain", "900"), ("--cold-age", "3"),
+                       ("--capacity", "small=17"), ("--models", "m.json"), ("--gap", "1.0,0.5")):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["compare", "--synthetic", old, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err == f"error: unrecognized arguments: {old} {value}\n", err
     # old list and sweep syntax: same values, one note each
     from shadow_prefill.cluster.cli import _split, _sweep_spec
     assert _sweep_spec(["rho=0.3,0.8"]) == ("load", "rho", [0.3, 0.8])
@@ -239,7 +236,7 @@ def test_version_and_help(capsys):
     assert rc == 0 and out.strip() == f"tr-shadow {__version__}"
     rc, out, _ = _main(capsys, "compare", "--help")
     assert rc == 0 and "--warmup-s" in out and "--sim-seeds SEED [SEED ...]" in out
-    assert "--warmup " not in out and "--cold-age " not in out  # old spellings are hidden
+    assert "--warmup " not in out and "--cold-age " not in out  # no old spellings
 
 
 @pytest.mark.parametrize("cmd,extra", [("simulate", ["--load", "1000"]), ("simulate", ["--measure-s", "1e6"]),

@@ -350,11 +350,11 @@ FLAGS = {
     "stats": ["--cache-capacity", "--cached-fraction", "--session-rate", "--replay-tpot-s", "--chunk", "--tp",
               "--session-length", "--tool-tokens", "--output-tokens", "--gap-s", "--summary-tokens",
               "--context-window", "--sessions", "--switch-prob", "--first-input", "--step-input", "--tasks",
-              "--seed", "--format", "--name", "--synthetic-models", "--gap", "--replay-tpot", "--pair"],
+              "--seed", "--format", "--name", "--synthetic-models", "--pair"],
     "simulate": ["--instances", "--chunk", "--max-seqs", "--host-gb", "--slo-scale", "--shadow-kv-cap",
                  "--cold-age-s", "--beta", "--margin", "--n-min", "--load", "--capacity-rps", "--session-rate",
                  "--warmup-s", "--measure-s", "--drain-s", "--approach", "--window", "--sim-seed", "--tp",
-                 "--format", "--cold-age", "--warmup"],
+                 "--format"],
     "compare": ["--approaches", "--windows", "--sim-seeds", "--sweep", "--context-bins", "--workers", "--instances",
                 "--load", "--capacity-rps", "--measure-s", "--format"],
 }

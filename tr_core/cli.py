@@ -9,7 +9,8 @@ Every command builds its parser with :class:`Parser` and runs through :func:`run
 - ``--out FILE`` writes what would go to stdout to FILE instead, atomically, and only to a regular file;
 - lists are space-separated (a comma list is still read, with a deprecation note); integer lists take
   ranges ``A-B`` that are never expanded into memory (:class:`IntRanges`);
-- old flag spellings stay as hidden aliases that print ``note: --old is deprecated; use --new``.
+- a long flag is spelled in full: an abbreviation (``--thresh`` for ``--thresholds``) is refused as an
+  unknown argument, so no old or partial spelling parses by accident.
 """
 
 from __future__ import annotations
@@ -50,16 +51,17 @@ class Parser(argparse.ArgumentParser):
     """argparse with the project's error convention: one ``error:`` line on stderr, exit 2.
 
     Sub-parsers made with ``add_subparsers().add_parser`` are of the same class, so their errors follow
-    the convention too; no usage block is printed.
+    the convention too; no usage block is printed.  Long flags are never abbreviated (``allow_abbrev`` is
+    off): ``--thresh`` is an unknown argument, not ``--thresholds``.
     """
 
-    def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"error: {_as_typed(_one_line(message))}\n")
-        raise SystemExit(EXIT_BAD_INPUT)
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
-    def parse_args(self, args=None, namespace=None):
-        _TYPED_SPELLINGS.clear()  # a new command line (sub-commands parse through parse_known_args only)
-        return super().parse_args(args, namespace)
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"error: {_one_line(message)}\n")
+        raise SystemExit(EXIT_BAD_INPUT)
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
@@ -70,17 +72,12 @@ class Parser(argparse.ArgumentParser):
         for dest, name in mine.items():
             typed.setdefault(dest, name)
         setattr(ns, TYPED_ATTR, typed)
-        # a required flag that has a deprecated alias is checked here: argparse would not count the alias
-        missing = [flag for flag, dest in getattr(self, "_required_with_alias", ())
-                   if getattr(ns, dest, None) is None]
-        if missing:
-            self.error(f"the following arguments are required: {', '.join(missing)}")
         if getattr(ns, "_formats", None) is not None and getattr(ns, "out", None) is not None:  # "" too
             check_out_path(ns.out, flag_name(ns, "out", "--out"))  # --out is checked before any work, everywhere
         return ns, extras
 
     def _typed_flags(self, argv) -> dict:
-        """dest -> the option string the user typed for it (an unambiguous abbreviation counts as the flag)."""
+        """dest -> the option string the user typed for it."""
         out: dict = {}
         for tok in argv:
             if tok == "--":
@@ -89,29 +86,12 @@ class Parser(argparse.ArgumentParser):
                 continue
             name = tok.split("=", 1)[0]
             action = self._option_string_actions.get(name)
-            if action is None and self.allow_abbrev and name.startswith("--"):
-                hits = {s: a for s, a in self._option_string_actions.items() if s.startswith(name)}
-                if len({id(a) for a in hits.values()}) == 1:
-                    name, action = min(hits.items())
             if action is not None and action.dest != argparse.SUPPRESS:
                 out.setdefault(action.dest, name)
-                current = getattr(action, "new_flag", None)
-                if current and current != name:
-                    _TYPED_SPELLINGS[current] = name
         return out
 
 
 TYPED_ATTR = "_typed_flags"
-# current flag -> the old spelling the user typed for it, in this run: error lines name what was typed
-_TYPED_SPELLINGS: dict = {}
-
-
-def _as_typed(message: str) -> str:
-    """``error: --delta-ms must be > 0`` becomes ``error: --delta must be > 0`` when ``--delta`` was typed."""
-    import re
-    for current, typed in _TYPED_SPELLINGS.items():
-        message = re.sub(re.escape(current) + r"(?![\w-])", typed, message)
-    return message
 
 
 def given(args, dest: str) -> str | None:
@@ -163,7 +143,7 @@ def fields_as_flags(args, fields: dict):
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
-    sys.stderr.write(f"error: {_as_typed(_one_line(message))}\n")
+    sys.stderr.write(f"error: {_one_line(message)}\n")
     raise SystemExit(code)
 
 
@@ -237,7 +217,6 @@ def run_cli(fn: Callable, argv=None) -> int:
     """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted,
     143 terminated (SIGTERM cleans up as Ctrl-C does)."""
     restore = _install_sigterm()
-    _TYPED_SPELLINGS.clear()
     try:
         return _run_cli(fn, argv)
     finally:
@@ -459,40 +438,6 @@ def finite_float(text: str) -> float:
     if not math.isfinite(x):
         raise ValueError(text)
     return x
-
-
-# ------------------------------------------------------------------------------------- deprecated aliases
-
-
-def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, convert: Callable | None = None):
-    """Accept ``old`` as a hidden spelling of ``new`` (already added), with a deprecation note on stderr.
-
-    ``convert`` maps the old flag's parsed value to the new one (e.g. steps to seconds); by default the
-    value passes unchanged.  The alias takes the same number of values and type as ``new``.
-    """
-    target = parser._option_string_actions.get(new)  # argparse keeps no public index of its flags
-    if target is None:
-        raise ValueError(f"deprecated_alias: {new} is not a flag of {parser.prog}")
-
-    class _Alias(argparse.Action):
-        new_flag = new  # the current spelling: an error message naming it is rewritten to the one typed
-
-        def __call__(self, p, namespace, values, option_string=None):
-            note(f"{old} is deprecated; use {new}")
-            if convert is not None:
-                values = convert(values)
-            target(p, namespace, values, new)
-
-    if target.required:
-        target.required = False
-        req = getattr(parser, "_required_with_alias", [])
-        if (new, target.dest) not in req:
-            req.append((new, target.dest))
-        parser._required_with_alias = req
-    kw = dict(dest=target.dest, nargs=target.nargs, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    if target.nargs != 0:
-        kw.update(type=target.type, choices=target.choices, metavar=target.metavar)
-    parser.add_argument(old, action=_Alias, **kw)
 
 
 # ----------------------------------------------------------------------------------------------- output

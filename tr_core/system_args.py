@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tr_core.cli import add_list_arg, deprecated_alias, flag_name, given, refuse_given
+from tr_core.cli import add_list_arg, flag_name, given, refuse_given
 from tr_core.errors import SpecError
 from tr_core.spec import DEFAULT_DELTA_MS, PRESETS, SystemSpec, load_spec, preset
 
@@ -82,7 +82,6 @@ def add_system_args(parser, *, title: str = "system (--spec, or a preset: --p/--
     g.add_argument("--delta-ms", metavar="MS", help="time quantum in ms, or 'auto' for the coarsest grid that "
                    f"represents every latency within --delta-rtol (default {DEFAULT_DELTA_MS:g}, or the spec's "
                    "delta_ms); every latency must be a multiple of it unless --round")
-    deprecated_alias(parser, "--delta", "--delta-ms")
     g.add_argument("--delta-rtol", type=float, default=DEFAULT_DELTA_RTOL, metavar="R", help="relative rounding "
                    "error allowed by --delta-ms auto (default %(default)g)")
     g.add_argument("--round", action="store_true", help="round latencies to the delta grid and report the error")

@@ -15,8 +15,7 @@ Subcommands::
 
 ``tr-autotune --spec FILE --N N --thresholds FILE`` (no subcommand) means ``run``.  The system flags are
 ``tr-optimize``'s (:mod:`tr_core.system_args`); the conventions (``--N``, ``--out``, exit codes) are in
-docs/cli-convention.md.  Old spellings (``--max-concurrency``, ``--clients``, ``--active-requests``,
-``--delta``, and ``run --out`` for the thresholds file) still work for one release, with a note.
+docs/cli-convention.md.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import json
 import math
 import sys
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, deprecated_alias, emit,
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, emit,
                          fields_as_flags, flag_name, format_gain, format_table, note, output_format, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError
@@ -62,10 +61,8 @@ def _add_run(sub) -> None:
     t = r.add_argument_group("tuning")
     t.add_argument("--N", type=int, required=True, metavar="N", help="largest number of active requests the "
                    "server admits; the table covers N = 1..this")
-    deprecated_alias(r, "--max-concurrency", "--N")
     t.add_argument("--thresholds", required=True, metavar="FILE.json", help="thresholds file to write "
                    "(atomically; a regular file)")
-    deprecated_alias(r, "--out", "--thresholds")
     t.add_argument("--time-budget-s", type=float, metavar="S", help="return by S seconds with the rows computed "
                    "so far (default: no limit); the file then has complete=false")
     t.add_argument("--background", action="store_true", help="with --time-budget-s: finish the remaining N in a "
@@ -109,9 +106,7 @@ def _add_show(sub) -> None:
     s.add_argument("file", metavar="FILE.json")
     s.add_argument("--N", type=int, metavar="N", help="print only lookup(N), the thresholds for N active "
                    "requests (N beyond the table uses its largest N)")
-    deprecated_alias(s, "--active-requests", "--N")
     s.add_argument("--require-N", type=int, metavar="N", help="fail unless the table has computed rows for 1..N")
-    deprecated_alias(s, "--require-concurrency", "--require-N")
     add_output_args(s)
 
 
@@ -128,7 +123,6 @@ def _add_kv_plan(sub) -> None:
                    "subservers may use together, in (0, 1] (overrides the file)")
     k.add_argument("--N", type=int, metavar="N", help="also report the context tokens each of N concurrent "
                    "requests can keep")
-    deprecated_alias(k, "--max-concurrency", "--N")
     add_output_args(k)
 
 
@@ -140,7 +134,6 @@ def _add_measure(sub) -> None:
                        "chain's prediction.")
     add_system_args(m)
     m.add_argument("--N", type=int, required=True, metavar="N", help="closed-loop clients (concurrency N)")
-    deprecated_alias(m, "--clients", "--N")
     th = m.add_mutually_exclusive_group(required=True)
     add_list_arg(th, "--B", convert=int, what="an integer", metavar="B", help="fixed threshold vector, one "
                  "integer per model, e.g. 1 5")
@@ -176,7 +169,6 @@ def _add_export(sub) -> None:
     r.add_argument("--N", type=int, metavar="N", help="the server's maximum concurrency: most requests it will "
                    "hold at once (the clients' concurrency); the lists cover N = 1..this (default: the file's "
                    "max_concurrency)")
-    deprecated_alias(r, "--max-concurrency", "--N")
     add_output_args(r, ("text", "json", "env"), default="text")
     add_quiet_arg(r)
 

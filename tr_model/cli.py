@@ -120,8 +120,6 @@ def _add_search_args(p) -> None:
     s.add_argument("--cache-dir", metavar="DIR", help="result cache folder (default $TR_MODEL_CACHE_DIR or "
                    "~/.cache/tr-model/evaluations)")
     s.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
-    from tr_core.cli import deprecated_alias
-    deprecated_alias(p, "--sim-budget", "--sim-budget-s")
 
 
 # ------------------------------------------------------------------------------------------------ validate

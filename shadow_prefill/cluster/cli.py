@@ -11,8 +11,8 @@ Flags follow ``docs/cli-convention.md``: seconds in the names (``--warmup-s``,
 ``--measure-s``, ``--drain-s``, ``--cold-age-s``), space-separated lists
 (``--sim-seeds 0 1 2``, ``--approaches Oracle "No Shadow"``), and sweeps named
 after the flag they vary (``--sweep load 0.3 0.8``, ``--sweep cold-age-s 1 5``).
-The old spellings (``--warmup``, ``--sweep rho=0.3,0.8``, comma lists) are still
-read, with a ``note:`` on stderr.
+The old list forms (``--sweep rho=0.3,0.8``, comma lists) are still read, with a
+``note:`` on stderr.
 
 **Overload.**  A run whose measured calls do not all finish before the end of
 the drain is *overloaded*: its latency means cover only the calls that finished.
@@ -31,7 +31,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
-from tr_core.cli import Progress, add_output_args, add_quiet_arg, deprecated_alias, emit, format_gain, output_format, \
+from tr_core.cli import Progress, add_output_args, add_quiet_arg, emit, format_gain, output_format, \
     parse_int_ranges
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
@@ -120,9 +120,6 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help=f"refuse (exit 3) a run expected to simulate more normal requests and calls than this "
                         f"(default {DEFAULT_MAX_REQUESTS:,})")
     add_output_args(p, group=p.add_argument_group("output"))
-    for old, new in (("--cold-age", "--cold-age-s"), ("--capacity", "--capacity-rps"), ("--warmup", "--warmup-s"),
-                     ("--measure", "--measure-s"), ("--drain", "--drain-s")):
-        deprecated_alias(p, old, new)
 
 
 def _config_from_args(args, ss) -> ClusterConfig:

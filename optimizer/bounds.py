@@ -288,7 +288,8 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
               max_states: int = 2_000_000, max_entries: int = 60_000_000, max_sweeps: int = 3000,
               rtol: float = 1e-6, round_to_grid: bool = False, trace: list | None = None,
               empty: bool = False, max_step: int = 4, coarse: int = 1, omega: float = 0.7,
-              give_up: bool = False, parent: BoxProcess | None = None, keep: bool = False) -> BoxResult:
+              give_up: bool = False, parent: BoxProcess | None = None, keep: bool = False,
+              solve: bool = True) -> BoxResult:
     """A proven upper bound on ``T(B)`` for every ``B`` with ``lo <= B <= hi`` (componentwise) at N.
 
     The box's decision process lets each idle model ``j`` launch or wait while
@@ -308,6 +309,7 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     On a coarse clock, ``parent`` (the ``process`` of an earlier result with ``keep=True``, for a box
     holding this one at the same N and clock) lets the process be cut out of the parent's
     (:func:`optimizer._kernels.mdp_restrict`, the same process) instead of enumerated again.
+    ``solve=False`` only builds the process (``keep`` it to cut boxes out of it): no bound, ``inf``.
     """
     import time as _time
 
@@ -364,6 +366,9 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     if st != K.OK:
         return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
                          _time.perf_counter() - t0, "too large" if st == K.TOO_LARGE else "deadlock")
+    if not solve:
+        return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
+                         _time.perf_counter() - t0, "ok", proc)
     tau = tau[:n].astype(np.float64)
     g = g[:n].copy()
     # rounding of one certificate term grows with the number of products summed in it

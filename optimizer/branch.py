@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from optimizer.bounds import Bounder, gap as rel_gap
+from optimizer.bounds import Bound, Bounder, gap as rel_gap
 from optimizer.evaluate import Evaluation
 from optimizer.optimum import TIE_RTOL, _optimum, evaluate_many, pick_best
 from tr_core import feasibility as F
@@ -35,6 +35,9 @@ from tr_core.spec import SystemSpec
 
 # largest candidate list held in memory (about 1 GiB of tuples for M = 3)
 MAX_CANDIDATES = 5_000_000
+# the eager chain is solved before the search only up to this many states (R2R: N <= 48); above, its
+# enumeration stops there at once and it waits its turn among the rivals
+EAGER_FIRST_STATES = 300_000
 
 
 def _default_start(N: int, M: int) -> tuple[int, ...]:
@@ -53,13 +56,32 @@ def _guided_start(spec: SystemSpec, N: int, kw) -> tuple[int, ...]:
         return _default_start(N, M=spec.M)
 
 
+def _evaluate_fitting(spec, N, todo, workers, executor, kw, skipped=None) -> list:
+    """``evaluate_many`` over ``todo``, leaving out (into ``skipped``, a list) the chains over the state budget."""
+    try:
+        return evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **kw)
+    except StateSpaceTooLarge:
+        out = []
+        for B in todo:
+            try:
+                out.extend(evaluate_many(spec, [(N, B)], workers=1, executor=executor, **kw))
+            except StateSpaceTooLarge:
+                if skipped is not None:
+                    skipped.append(B)
+        return out
+
+
 def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budget, limit) -> tuple[int, ...]:
-    """Steepest ascent over +-1 neighbours from ``cur``; appends to ``evals``/``seen``; returns the top."""
+    """Steepest ascent over +-1 neighbours from ``cur``; appends to ``evals``/``seen``; returns the top.
+
+    A neighbour whose chain is over the state budget is not a step of the ascent (the search's later passes
+    bound it)."""
     M = spec.M
     by = {e.B: e for e in evals}
+    too_large: set = set()
 
     def ok(B):
-        return F.is_feasible(B, N) and (allowed is None or B in allowed)
+        return F.is_feasible(B, N) and (allowed is None or B in allowed) and tuple(B) not in too_large
 
     if not ok(cur):
         return cur
@@ -72,15 +94,20 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
                 if ok(b):
                     nbrs.append(tuple(b))
         todo = [B for B in nbrs if B not in seen]
+        skipped: list = []
         if limit is not None and len(evals) + len(todo) > limit:
             return cur
         if budget is not None and evals and time.perf_counter() - t0 > budget:
             return cur
-        for e in evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **kw):
+        for e in _evaluate_fitting(spec, N, todo, workers, executor, kw, skipped):
             seen.add(e.B)
             evals.append(e)
             by[e.B] = e
-        top = pick_best([by[B] for B in nbrs])
+        too_large.update(skipped)    # what did not fit is left to the search's later passes (bounded there)
+        fit = [by[B] for B in nbrs if B in by]
+        if not fit:
+            return cur
+        top = pick_best(fit)
         if top.B == cur:
             return cur
         cur = top.B
@@ -166,7 +193,8 @@ def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) 
 
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
-              max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0) -> None:
+              max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
+              known: dict | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -174,7 +202,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     ``min_box`` unresolved vectors are left to individual evaluation; with ``max_gap > 0`` (certified
     search) a box whose bound is within ``max_gap`` of ``best`` is pruned too.  With ``coarse > 1`` each box
     is tried first on the coarse clock (bound 5, cheap), then, if its process has at most
-    ``fine_states`` states, on the fine one (bound 3, tighter).
+    ``fine_states`` states, on the fine one (bound 3, tighter).  ``known``: B -> (bound tok/s, name), the
+    smallest bound of a box tried but not pruned, for each of its open vectors (still a proven bound on each:
+    it certifies what the search leaves unresolved).
     """
     from optimizer.bounds import box_bound
 
@@ -191,6 +221,18 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     # per clock, the processes of the boxes on the current path of the bisection: a box's process is
     # cut out of the innermost one holding it (optimizer.bounds.box_bound, parent=), not enumerated again
     kept: dict[int, list] = {}
+    levels0 = coarse if isinstance(coarse, tuple) else ((coarse,) if coarse > 1 else ())
+    if root_states and levels0 and todo:
+        # one process of the whole feasible box on the first (coarsest) clock: every box is cut out of it
+        # (mdp_restrict) instead of enumerated on its own; at large N a box's process is nearly as large as
+        # the whole set's, so this replaces dozens of builds by one
+        c0 = levels0[0]
+        r0 = box_bound(spec, N, (1,) * M, (N,) * M, max_states=root_states, max_entries=40 * root_states,
+                       round_to_grid=rtg, coarse=c0, keep=True, solve=False)
+        stats["root_seconds"] = r0.seconds
+        stats["root_states"] = r0.states
+        if r0.process is not None:
+            kept[c0] = [r0.process]
     while todo:
         if deadline is not None and time.perf_counter() > deadline:
             return
@@ -240,6 +282,14 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
             for c, res in tried:
                 if res.process is not None:
                     kept.setdefault(c, []).append(res.process)
+            if known is not None:
+                ok = [(res.upper_tok_s, c) for c, res in tried if res.status == "ok" and math.isfinite(res.upper_tok_s)]
+                if ok:
+                    v, c = min(ok)
+                    name = f"box{lo}-{hi}" + (f" slot={c}" if c > 1 else "")
+                    for B in open_:
+                        if B not in known or v < known[B][0]:
+                            known[B] = (v, name)
         if hit is not None:
             r, c = hit
             stats["boxes_pruned"] = stats.get("boxes_pruned", 0) + 1
@@ -290,8 +340,14 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     seen: set = set()
     eager_B = (1,) * M
     if eager:
-        evals.extend(evaluate_many(spec, [(N, eager_B)], workers=1, executor=executor, **kw))
-        seen.add(eager_B)
+        # the eager chain is the largest of all: solved first only while it is cheap; otherwise it is a
+        # rival like any other, rejected by a bound or solved where the bounds cannot reject it
+        cap_kw = {**kw, "max_states": min(EAGER_FIRST_STATES, int(kw.get("max_states") or EAGER_FIRST_STATES))}
+        try:
+            evals.extend(evaluate_many(spec, [(N, eager_B)], workers=1, executor=executor, **cap_kw))
+            seen.add(eager_B)
+        except StateSpaceTooLarge:
+            pass
     # Observed structure orders the work (never prunes it): a steepest ascent from the start finds a
     # strong incumbent with few chains, then the rest is visited nearest-first from where it ended,
     # cheaper chains (larger B) first among equals.
@@ -306,6 +362,14 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     limit = max_evaluations
     stop_reason = None
     deferred: list[tuple[int, ...]] = []
+    too_large: list[tuple[tuple[int, ...], str, float]] = []    # chains over the state budget, not pruned
+
+    known: dict = {}     # B -> (bound tok/s, name) from boxes the box pass tried but could not prune
+
+    def vbound(B):
+        bd = bounder.vector_bound(B)
+        k = known.get(B)
+        return Bound(k[0], k[1]) if k is not None and k[0] < bd.value_tok_s else bd
 
     def prunable(v: float) -> bool:
         if best == -math.inf:
@@ -326,7 +390,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                 i += 1
                 if B in seen or B in pruned_set:
                     continue
-                bd = bounder.vector_bound(B)
+                bd = vbound(B)
                 if prunable(bd.value_tok_s):
                     pruned.append((B, bd.name, bd.value_tok_s))
                     pruned_set.add(B)
@@ -348,7 +412,14 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                     except StateSpaceTooLarge:
                         deferred.append(B)
             else:
-                new = evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **ekw)
+                # a chain over the state budget is bounded, never a refusal: it stays unresolved with its
+                # proven bound, and the answer is certified with the gap that bound leaves
+                skipped: list = []
+                new = _evaluate_fitting(spec, N, todo, workers, executor, ekw, skipped)
+                for B in skipped:
+                    bd = vbound(B)
+                    too_large.append((B, bd.name, bd.value_tok_s))
+                    pruned_set.add(B)
             for e in new:
                 seen.add(e.B)
                 evals.append(e)
@@ -367,7 +438,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
                       stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split,
-                      max_gap=max_gap)
+                      max_gap=max_gap, known=known)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0
@@ -377,7 +448,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
         if deferred and stop_reason is None:
             deadline = None if time_budget_s is None else t0 + time_budget_s
             _box_pass(spec, N, best, {e.B: e for e in evals}, deferred, pruned_set, pruned, kw, min_box=min_box,
-                      max_box_states=max_box_states, deadline=deadline, stats=stats)
+                      max_box_states=max_box_states, deadline=deadline, stats=stats, known=known)
         run(deferred, kw, False)
     else:
         run(cands, kw, False)
@@ -385,11 +456,18 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
         for B in cands:
             if B in seen or B in pruned_set:
                 continue
-            bd = bounder.vector_bound(B)
+            bd = vbound(B)
             if prunable(bd.value_tok_s):
                 pruned.append((B, bd.name, bd.value_tok_s))
             else:
                 unresolved.append((B, bd.name, bd.value_tok_s))
+    # pruned_set holds the too-large ones only so that no pass tries them again: they are unresolved
+    unresolved.extend(too_large)
+    stats["too_large"] = len(too_large)
+    if not evals and too_large:
+        raise StateSpaceTooLarge(f"N = {N}: no threshold vector's chain fits in max_states = "
+                                 f"{int(kw.get('max_states') or 0):,} states ({len(too_large):,} tried); raise "
+                                 f"--max-states, use a coarser --delta-ms, or use the simulator")
     if not evals:
         raise SpecError("no threshold vector was evaluated")
     if unresolved and max_gap == 0 and stop_reason == "max_evaluations" and time_budget_s is None:

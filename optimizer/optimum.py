@@ -6,6 +6,7 @@ Shared by the search modes (:mod:`optimizer.search`, :mod:`optimizer.branch`); s
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import time
@@ -34,8 +35,12 @@ class Optimum:
     ``upper_bound_tok_s`` over every feasible vector and the relative ``gap``)
     or ``"local"`` (heuristic; the bound and gap are still proven).
     ``pruned_by``: bound name -> number of vectors it excluded;
-    ``unresolved``: vectors neither evaluated nor pruned (time budget), covered
-    only by the bound in ``upper_bound_tok_s``.
+    ``unresolved``: vectors neither evaluated nor pruned (time budget, or a
+    chain over the state budget), covered only by their bounds in ``upper_bound_tok_s``.
+    ``eager_method``: how the eager baseline was obtained: ``"exact"`` (its chain,
+    solved by the search), ``"simulated"`` (a search that never needed the eager
+    chain, the largest of all: the caller's estimate, with ``eager_ci95_tok_s``,
+    see :func:`with_eager_estimate`) or ``"none"`` (not known: NaN).
     """
 
     N: int
@@ -59,6 +64,8 @@ class Optimum:
     pruned_by: Mapping[str, int] = field(default_factory=dict)
     unresolved: int = 0
     pruned_vectors: tuple = field(repr=False, default=(), compare=False)   # (B, bound name, bound tok/s)
+    eager_ci95_tok_s: float = 0.0
+    eager_method: str = "exact"
 
     def __post_init__(self):
         if math.isnan(self.upper_bound_tok_s):
@@ -76,6 +83,7 @@ class Optimum:
         return {
             "N": self.N, "B": list(self.best_B), "throughput_tok_s": self.throughput_tok_s,
             "eager_throughput_tok_s": _num(self.eager_throughput_tok_s), "gain_vs_eager": _num(self.gain_vs_eager),
+            "eager_ci95_tok_s": self.eager_ci95_tok_s, "eager_method": self.eager_method,
             "per_request_tok_s": self.best.per_request_tok_s,
             "mean_waiting": list(self.best.mean_waiting),
             "admission_latency_ms": self.best.to_dict()["admission_latency_ms"],
@@ -86,6 +94,20 @@ class Optimum:
             "pruned": self.pruned, "pruned_by": dict(self.pruned_by), "unresolved": self.unresolved,
             "cached": sum(1 for e in self.evaluations if e.cached),
         }
+
+
+def with_eager_estimate(opt: Optimum, throughput_tok_s: float, ci95_tok_s: float, method: str) -> Optimum:
+    """``opt`` with an eager baseline obtained elsewhere (the search never solved the eager chain).
+
+    Only the reported baseline and gain change; B*, the certificate and every bound are the search's.
+    An exact baseline is never replaced.
+    """
+    if opt.eager is not None:
+        return opt
+    thr = float(throughput_tok_s)
+    return dataclasses.replace(opt, eager_throughput_tok_s=thr, eager_ci95_tok_s=float(ci95_tok_s),
+                               eager_method=method,
+                               gain_vs_eager=opt.throughput_tok_s / thr if thr > 0 else float("nan"))
 
 
 def _num(x: float):
@@ -195,6 +217,6 @@ def _optimum(N: int, evals: Sequence[Evaluation], seconds: float, **extra) -> Op
                    gain_vs_eager=best.throughput_tok_s / eager_thr if eager_thr > 0 else float("nan"),
                    states=best.states, transitions=best.transitions, residual=best.residual,
                    solver=best.solver, seconds=seconds, evaluated=len(evals), best=best, eager=eager,
-                   evaluations=tuple(evals), **extra)
+                   evaluations=tuple(evals), eager_method="exact" if eager is not None else "none", **extra)
 
 

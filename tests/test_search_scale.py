@@ -1,0 +1,101 @@
+"""Searches at server scale: the eager chain is a rival like any other, and a chain over the state budget is
+bounded, never a refusal (the answer is then certified with the gap its bound leaves)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from optimizer import branch, optimize_thresholds
+from optimizer.optimum import with_eager_estimate
+from tr_core.errors import StateSpaceTooLarge
+from tr_core.spec import make_spec, preset
+from tr_model import api
+
+R2R = preset("r2r", [6.0, 27.9], p=0.35)
+
+
+def _exhaustive_table(spec, N):
+    ex = optimize_thresholds(spec, N, search="exhaustive")
+    return ex, {e.B: e.throughput_tok_s for e in ex.evaluations}
+
+
+@pytest.mark.parametrize("N", [9, 12])
+def test_eager_over_its_first_cap_is_a_rival_and_the_answer_is_unchanged(N, monkeypatch):
+    ex, table = _exhaustive_table(R2R, N)
+    monkeypatch.setattr(branch, "EAGER_FIRST_STATES", 5)      # no eager chain fits: it waits its turn
+    o = optimize_thresholds(R2R, N, search="pruned")
+    assert o.best_B == ex.best_B and o.throughput_tok_s == pytest.approx(ex.throughput_tok_s, rel=1e-12)
+    assert o.certificate == "pruned-exact"
+    if o.eager is None:                     # rejected by a bound, never solved
+        assert o.eager_method == "none" and o.to_dict()["eager_throughput_tok_s"] is None
+        assert any(B == (1, 1) for B, _, _ in o.pruned_vectors)
+    else:
+        assert o.eager_method == "exact" and o.eager_throughput_tok_s == pytest.approx(table[(1, 1)], rel=1e-9)
+
+
+def test_the_api_simulates_an_eager_baseline_the_search_never_solved(monkeypatch):
+    N = 12
+    ex, table = _exhaustive_table(R2R, N)
+    monkeypatch.setattr(branch, "EAGER_FIRST_STATES", 5)
+    o = api.optimize(R2R, N, search="pruned")
+    assert o.best_B == ex.best_B
+    if o.eager is None:
+        assert o.eager_method == "simulated" and o.eager_ci95_tok_s > 0
+        assert abs(o.eager_throughput_tok_s - table[(1, 1)]) <= 4 * o.eager_ci95_tok_s
+        assert o.gain_vs_eager == pytest.approx(o.throughput_tok_s / o.eager_throughput_tok_s)
+        d = o.to_dict()
+        assert d["eager_method"] == "simulated" and d["eager_ci95_tok_s"] == o.eager_ci95_tok_s
+    else:
+        assert o.eager_method == "exact"
+    # a search told to skip the baseline gets none
+    assert api.optimize(R2R, N, search="pruned", eager=False).eager_method == "none"
+
+
+def test_an_exact_baseline_is_never_replaced():
+    o = optimize_thresholds(R2R, 5, search="exhaustive")
+    assert o.eager is not None and with_eager_estimate(o, 1.0, 0.1, "simulated") is o
+
+
+@pytest.mark.parametrize("search", ["pruned", "certified"])
+def test_chains_over_the_state_budget_are_bounded_not_refused(search):
+    """max_states below most chains: before, the search stopped with StateSpaceTooLarge."""
+    N = 8
+    ex, table = _exhaustive_table(R2R, N)
+    o = optimize_thresholds(R2R, N, search=search, max_states=60)
+    assert o.best_B in table and o.throughput_tok_s == pytest.approx(table[o.best_B], rel=1e-12)
+    # whatever is left unresolved, the upper bound covers every feasible vector, the optimum included
+    assert o.upper_bound_tok_s >= max(table.values()) * (1 - 1e-9)
+    assert o.gap == pytest.approx(max(0.0, (o.upper_bound_tok_s - o.throughput_tok_s) / o.upper_bound_tok_s))
+    big = [B for B in table if B not in {e.B for e in o.evaluations}]
+    assert big and o.evaluated + o.pruned + o.unresolved == len(table)
+    if o.certificate == "pruned-exact":
+        assert o.best_B == ex.best_B
+
+
+@st.composite
+def small_specs(draw):
+    M = draw(st.integers(2, 3))
+    rows = []
+    for _ in range(M):
+        w = [draw(st.integers(1, 4)) for _ in range(M)]
+        rows.append([x / sum(w) for x in w])
+    C = [[draw(st.sampled_from([0.0, 1.0])) for _ in range(M)] for _ in range(M)]
+    L = [float(draw(st.integers(1, 5))) for _ in range(M)]
+    return make_spec(L, rows, C, delta_ms=1.0)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_specs(), st.integers(2, 5), st.integers(4, 40))
+def test_a_state_budget_never_breaks_the_certificate(spec, N, cap):
+    """Random systems and state budgets: the reported bound is never below the true optimum, and an answer
+    that says it is exact is the exhaustive one."""
+    ex, table = _exhaustive_table(spec, N)
+    try:
+        o = optimize_thresholds(spec, N, search="pruned", max_states=cap)
+    except StateSpaceTooLarge as e:          # only when no chain at all fits
+        assert "no threshold vector's chain fits" in str(e)
+        assert min(x.states for x in ex.evaluations) > cap
+        return
+    assert o.upper_bound_tok_s >= max(table.values()) * (1 - 1e-9)
+    assert o.throughput_tok_s == pytest.approx(table[o.best_B], rel=1e-9)
+    if o.certificate == "pruned-exact":
+        assert o.best_B == ex.best_B

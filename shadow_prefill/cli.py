@@ -29,8 +29,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tr_core.cli import Parser, add_output_args, add_version, check_out_path, emit, output_format, \
-    refuse_given, require_subcommand, run_cli
+from tr_core.cli import Parser, add_output_args, add_quiet_arg, add_version, check_out_path, emit, note, \
+    output_format, refuse_given, require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
 from shadow_prefill.errors import ShadowError
@@ -123,7 +123,9 @@ def _stats_parser(sub) -> argparse.ArgumentParser:
     lt.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default: the smallest at which weights "
                                                     "take at most half the HBM)")
     lt.add_argument("--chunk", type=positive_int, default=2048, help="prefill chunk tokens (default 2048)")
-    add_output_args(p, group=p.add_argument_group("output"))
+    out = p.add_argument_group("output")
+    add_output_args(p, group=out)
+    add_quiet_arg(out)
     return p
 
 
@@ -185,6 +187,7 @@ def _sessions_parser(sub) -> argparse.ArgumentParser:
     add_workload_args(p, multi=False)
     p.add_argument("--out", metavar="FILE", help="write the trace to FILE instead of stdout (atomically: a temporary "
                                                  "name, then a rename; only a regular file)")
+    add_quiet_arg(p)
     return p
 
 
@@ -199,8 +202,8 @@ def cmd_sessions(args) -> int:
         format_session_trace(ss, sys.stdout)
         return 0
     n = write_session_trace(ss, check_out_path(args.out))
-    if sys.stderr.isatty():
-        sys.stderr.write(f"wrote {n} calls in {ss.n_sessions} sessions to {args.out}\n")
+    if not args.quiet:
+        note(f"wrote {n} calls in {ss.n_sessions} sessions to {args.out}")
     return 0
 
 
@@ -223,6 +226,7 @@ def _latency_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=positive_int, default=2048, help="prefill chunk tokens (default 2048)")
     add_output_args(p)
     p.add_argument("--save-model", metavar="FILE", help="also save the latency model (JSON) for --model-config")
+    add_quiet_arg(p)
     return p
 
 

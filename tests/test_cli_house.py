@@ -1,21 +1,24 @@
-"""One house for every command (issue 25, item 4): the same --quiet, the same missing-subcommand line, --B in
+"""One house for every command: the same --quiet on every subcommand, the same missing-subcommand line, --B in
 the list syntax of --L and --N, tr-autotune run's --solver and --search from the same homes as tr-optimize's."""
 
 import argparse
+import os
 
 import pytest
 
 import dtmc
+from conftest import ROOT
 from tr_core.cli import QUIET_HELP
 from tr_core.search_rule import SEARCHES, search_help
 
 MULTI = [("profiler.cli", "tr-profile"), ("tr_model.autotune_cli", "tr-autotune"), ("shadow_prefill.cli", "tr-shadow")]
+MODULES = ("tr_model.cli", "profiler.cli", "tr_model.autotune_cli", "shadow_prefill.cli", "tr_model.plan_cli")
 
 
 def _parsers():
     import importlib
 
-    for mod in ("tr_model.cli", "profiler.cli", "tr_model.autotune_cli", "shadow_prefill.cli"):
+    for mod in MODULES:
         yield mod, importlib.import_module(mod).build_parser()
 
 
@@ -86,3 +89,117 @@ def test_autotune_run_solver_and_search_come_from_their_homes():
     solver, search = _flag(run, "--solver"), _flag(run, "--search")
     assert tuple(solver.choices) == dtmc.SOLVERS and solver.help.endswith(dtmc.solver_help("auto"))
     assert tuple(search.choices) == SEARCHES and search.help.endswith(search_help("auto"))
+
+
+def _leaves(parser):
+    """The parsers that run something: every subcommand, and a command without subcommands."""
+    return [p for p in _walk(parser)
+            if not any(isinstance(act, argparse._SubParsersAction) for act in p._actions)]
+
+
+def test_every_subcommand_takes_quiet():
+    leaves = [p for _, top in _parsers() for p in _leaves(top)]
+    assert len(leaves) >= 19
+    assert [p.prog for p in leaves if _flag(p, "--quiet") is None] == []
+
+
+# One command line per subcommand, run as is and with --quiet: the same exit code, and no note: line with --quiet.
+# Most make notes without --quiet (a comma list, a partial table, extrapolated rows, a written file, noisy
+# profiles); a command that cannot finish here in a second (a server, a benchmark of one, ten approaches) is
+# given a bad input the command itself refuses after parsing (exit 2, the same error: line both times).
+EX = os.path.join(ROOT, "data", "examples")
+SYSTEM = ["--p", "0.35", "--L", "6", "27.9"]
+LATENCIES = [os.path.join(EX, "latency-small.json"), os.path.join(EX, "latency-large.json")]
+CONFIGS = [os.path.join(EX, "small-config.json"), os.path.join(EX, "large-config.json")]
+TRACE = os.path.join(EX, "routing-trace.jsonl")
+QUIET_CASES = {
+    "tr-optimize": (["tr-optimize", "--p", "0.35", "--L", "6,27.9", "--N", "2", "--no-cache"], 0),
+    "tr-plan": (["tr-plan", "--model", os.path.join(ROOT, "data/models/Qwen3-0.6B/config.json"), "--model",
+                 os.path.join(ROOT, "data/models/Qwen3-32B/config.json"), "--gpu", "h200", "--gpus", "1", "--N", "2",
+                 "--context-tokens", "512"], 0),
+    "tr-autotune run": (["tr-autotune", "run", *SYSTEM, "--N", "3", "--thresholds", "new.json", "--time-budget-s",
+                         "0"], 0),
+    "tr-autotune show": (["tr-autotune", "show", "partial.json"], 0),
+    "tr-autotune kv-plan": (["tr-autotune", "kv-plan", "--placement",
+                             os.path.join(ROOT, "data", "models", "paper-placement.json"), "--N", "16"], 0),
+    "tr-autotune measure": (["tr-autotune", "measure", *SYSTEM, "--N", "2", "--B", "1", "2", "--no-predict",
+                             "--duration-s", "0.3", "--warmup-s", "0"], 0),
+    "tr-autotune export r2r": (["tr-autotune", "export", "r2r", "--thresholds", "partial.json"], 0),
+    "tr-autotune serve": (["tr-autotune", "serve", *SYSTEM, "--eager"], 2),  # --eager needs --N
+    "tr-profile latency": (["tr-profile", "latency", "--config", CONFIGS[0], "--device", "cpu", "--batch-sizes", "1",
+                            "--steps", "1", "--warmup-steps", "0", "--threads", "1", "--out", "p.json"], 0),
+    "tr-profile routing": (["tr-profile", "routing", "--trace", TRACE, "--L", "6,27.9"], 0),
+    "tr-profile route-run": (["tr-profile", "route-run", "--config", *CONFIGS, "--prompts", "prompts.jsonl",
+                              "--policy", "confidence", "--tau", "0.5", "--max-new-tokens", "2", "--device", "cpu",
+                              "--trace-out", "rr.jsonl"], 0),
+    "tr-profile system": (["tr-profile", "system", "--latency-profile", *LATENCIES, "--trace", TRACE, "--out",
+                           "spec.json"], 0),
+    "tr-profile roofline": (["tr-profile", "roofline", *LATENCIES, "--bandwidth-gbs", "100"], 0),
+    "tr-profile serve-bench": (["tr-profile", "serve-bench", "--url", "http://127.0.0.1:9", "--N", "1",  # not a
+                                "--predicted", os.path.join(EX, "spec-r2r.json")], 2),  # result file
+    "tr-shadow stats": (["tr-shadow", "stats", "--synthetic", "--sessions", "3"], 0),
+    "tr-shadow sessions": (["tr-shadow", "sessions", "--synthetic", "--sessions", "3", "--out", "s.jsonl"], 0),
+    "tr-shadow latency": (["tr-shadow", "latency", "--model", "qwen3-8b"], 0),
+    "tr-shadow simulate": (["tr-shadow", "simulate", "--synthetic", "--sessions", "3", "--warmup-s", "0",
+                            "--measure-s", "5", "--drain-s", "5"], 0),
+    "tr-shadow compare": (["tr-shadow", "compare", "--synthetic", "--sessions", "3", "--windows", "noon"], 2),
+}
+
+
+def test_the_quiet_cases_cover_every_subcommand():
+    assert sorted(QUIET_CASES) == sorted(p.prog for _, top in _parsers() for p in _leaves(top))
+
+
+@pytest.fixture(scope="module")
+def partial_table(tmp_path_factory):
+    """A thresholds file with no row computed: show and export name its extrapolated rows in notes."""
+    from conftest import call_inproc
+    d = tmp_path_factory.mktemp("quiet")
+    r = call_inproc("tr-autotune", "run", *SYSTEM, "--N", "3", "--thresholds", d / "partial.json",
+                    "--time-budget-s", "0", "--quiet")
+    assert r.returncode == 0, r.stderr
+    return d / "partial.json"
+
+
+@pytest.mark.parametrize("case", sorted(QUIET_CASES))
+def test_quiet_silences_the_notes_of_every_subcommand(case, run_inproc, partial_table, tmp_path, monkeypatch):
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TR_MODEL_CACHE_DIR", str(tmp_path / "cache"))
+    shutil.copy(partial_table, "partial.json")
+    (tmp_path / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    argv, code = QUIET_CASES[case]
+    loud = run_inproc(*argv)
+    quiet = run_inproc(*argv, "--quiet")
+    assert loud.returncode == code, loud.stderr
+    assert quiet.returncode == code, quiet.stderr
+    assert [ln for ln in quiet.stderr.splitlines() if ln.startswith("note:")] == [], quiet.stderr
+    assert "Traceback" not in quiet.stderr
+    if code == 2:  # refused by the command itself, not by the parser: the same one line, --quiet or not
+        assert quiet.stderr == loud.stderr and quiet.stderr.startswith("error: ")
+        assert quiet.stderr.count("\n") == 1 and "unrecognized arguments" not in quiet.stderr
+
+
+def test_a_note_made_while_parsing_waits_for_quiet(capsys):
+    from tr_core import cli
+    p = cli.Parser(prog="tool")
+    cli.add_list_arg(p, "--L")
+    cli.add_quiet_arg(p)
+
+    def command(argv):
+        p.parse_args(argv)
+        cli.note("chosen")
+        return 0
+
+    assert cli.run_cli(command, ["--L", "6,28"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "note: comma-separated lists for --L are deprecated; separate the values with spaces", "note: chosen"]
+    assert cli.run_cli(command, ["--L", "6,28", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    cli.note("outside a command")  # --quiet held for that command only
+    assert capsys.readouterr().err == "note: outside a command\n"
+    with pytest.raises(SystemExit):  # a bad flag after a comma list: the note, then the one error line
+        p.parse_args(["--L", "6,28", "--nope"])
+    assert capsys.readouterr().err.splitlines() == [
+        "note: comma-separated lists for --L are deprecated; separate the values with spaces",
+        "error: unrecognized arguments: --nope"]

@@ -65,7 +65,7 @@ def test_sessions_then_stats_on_the_trace(capsys, matrix, tmp_path):
     trace = tmp_path / "t.jsonl"
     rc, out, err = run(capsys, "sessions", "--matrix", str(matrix), "--pair", "tiny", "big", "--out", str(trace),
                        "--seed", "3")
-    assert rc == 0 and err == ""  # quiet when stderr is not a terminal
+    assert rc == 0 and err.startswith("note: wrote 60 calls in ") and err.endswith(f" sessions to {trace}\n"), err
     assert len(trace.read_text().splitlines()) == 60
     rc, out, err = run(capsys, "stats", "--trace", str(trace), "--prices", str(tmp_path / "models.json"),
                        "--format", "json", "--seed", "3", "--cache-capacity", "5000", "--cache-capacity", "big=2000")
@@ -238,6 +238,18 @@ def test_old_spellings_are_refused(capsys, matrix, tmp_path, old):
     rc, out, err = run(capsys, "stats", "--matrix", str(matrix), "--pair", "tiny", "big", *old)
     assert rc == 2 and out == ""
     assert err.startswith(f"error: unrecognized arguments: {old[0]}") and err.count("\n") == 1, err
+
+
+def test_sessions_says_what_it_wrote_in_a_note(capsys, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    rc, out, err = run(capsys, "sessions", "--synthetic", "--sessions", "4", "--seed", "2", "--out", str(trace))
+    n = len(trace.read_text().splitlines())
+    assert rc == 0 and out == "" and err == f"note: wrote {n} calls in 4 sessions to {trace}\n"
+    rc, out, err = run(capsys, "sessions", "--synthetic", "--sessions", "4", "--seed", "2", "--out", str(trace),
+                       "--quiet")
+    assert rc == 0 and out == "" and err == "" and len(trace.read_text().splitlines()) == n
+    rc, out, err = run(capsys, "sessions", "--synthetic", "--sessions", "4", "--seed", "2")  # stdout: no note
+    assert rc == 0 and len(out.splitlines()) == n and err == ""
 
 
 def test_missing_matrix_is_reported_missing(capsys, tmp_path):

@@ -42,9 +42,33 @@ def _one_line(message: str) -> str:
     return lines[0] if lines else ""
 
 
+class _Notes:
+    """Where :func:`note` writes: held while a command line is parsed, silenced by that line's ``--quiet``."""
+
+    held: list | None = None  # notes made while a command line is parsed, written once --quiet is known
+    argv: Sequence[str] = ()  # that command line
+    running = False           # inside run_cli: the parsed --quiet holds for the whole command
+    quiet = False             # the command run_cli is running was given --quiet
+
+
 def note(message: str) -> None:
-    """A ``note:`` line on stderr (deprecations, choices made for the user)."""
-    sys.stderr.write(f"note: {message}\n")
+    """A ``note:`` line on stderr (deprecations, choices made for the user); none under ``--quiet``.
+
+    Inside :func:`run_cli`, a command line parsed with ``--quiet`` silences every note of that command; a note
+    made while the command line is parsed (a comma list) waits until the parse tells whether ``--quiet`` is there.
+    """
+    if _Notes.held is not None:
+        _Notes.held.append(message)
+        return
+    if not _Notes.quiet:
+        sys.stderr.write(f"note: {message}\n")
+
+
+def _release_notes(quiet: bool) -> None:
+    held, _Notes.held = _Notes.held, None
+    if not quiet:
+        for message in held or ():
+            sys.stderr.write(f"note: {message}\n")
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,8 +84,25 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
+        _release_notes("--quiet" in _Notes.argv)  # the notes of the flags read before the bad one come first
         sys.stderr.write(f"error: {_one_line(message)}\n")
         raise SystemExit(EXIT_BAD_INPUT)
+
+    def parse_args(self, args=None, namespace=None):
+        if _Notes.held is not None:  # a parse inside a parse: the outer one holds the notes
+            return super().parse_args(args, namespace)
+        _Notes.argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        _Notes.held = []
+        try:
+            ns = super().parse_args(args, namespace)
+        except BaseException:
+            _Notes.held = None  # --help, --version: what was held goes with them (errors wrote it already)
+            raise
+        quiet = bool(getattr(ns, "quiet", False))
+        if _Notes.running:
+            _Notes.quiet = quiet
+        _release_notes(quiet)
+        return ns
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
@@ -217,9 +258,12 @@ def run_cli(fn: Callable, argv=None) -> int:
     """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted,
     143 terminated (SIGTERM cleans up as Ctrl-C does)."""
     restore = _install_sigterm()
+    before = _Notes.running, _Notes.quiet
+    _Notes.running, _Notes.quiet = True, False
     try:
         return _run_cli(fn, argv)
     finally:
+        _Notes.running, _Notes.quiet = before
         restore()
 
 

@@ -108,6 +108,7 @@ def _add_show(sub) -> None:
                    "requests (N beyond the table uses its largest N)")
     s.add_argument("--require-N", type=int, metavar="N", help="fail unless the table has computed rows for 1..N")
     add_output_args(s)
+    add_quiet_arg(s)
 
 
 def _add_kv_plan(sub) -> None:
@@ -124,6 +125,7 @@ def _add_kv_plan(sub) -> None:
     k.add_argument("--N", type=int, metavar="N", help="also report the context tokens each of N concurrent "
                    "requests can keep")
     add_output_args(k)
+    add_quiet_arg(k)
 
 
 def _add_measure(sub) -> None:
@@ -150,6 +152,7 @@ def _add_measure(sub) -> None:
     m.add_argument("--seed", type=int, default=0, help="seed of the routing draws (default 0)")
     m.add_argument("--no-predict", action="store_true", help="skip the chain's prediction")
     add_output_args(m)
+    add_quiet_arg(m)
 
 
 def _add_export(sub) -> None:

@@ -119,7 +119,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--max-requests", metavar="N", type=int_at_least(1, 10 ** 12), default=DEFAULT_MAX_REQUESTS,
                    help=f"refuse (exit 3) a run expected to simulate more normal requests and calls than this "
                         f"(default {DEFAULT_MAX_REQUESTS:,})")
-    add_output_args(p, group=p.add_argument_group("output"))
+    out = p.add_argument_group("output")
+    add_output_args(p, group=out)
+    add_quiet_arg(out)
 
 
 def _config_from_args(args, ss) -> ClusterConfig:
@@ -344,7 +346,6 @@ def _compare_parser(sub) -> argparse.ArgumentParser:
                    help="also report switch-call latency reduction per prompt-length bin (increasing token edges)")
     p.add_argument("--workers", default="1", metavar="K|auto", help="local worker processes (default 1)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on an existing Dask scheduler (tcp://host:8786)")
-    add_quiet_arg(p)
     return p
 
 

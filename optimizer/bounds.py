@@ -276,6 +276,9 @@ class BoxProcess:
     hi: tuple[int, ...]
     coarse: int
     arrays: tuple = field(repr=False)
+    # the relative values of its last solve (one slot, filled after the build): a sub-box cut out of this
+    # process starts its iteration from them instead of from zero (any start is valid; a near one is fast)
+    values: list = field(default_factory=list, repr=False, compare=False)
 
     def holds(self, N: int, lo, hi, coarse: int) -> bool:
         """Whether the box ``[lo, hi]`` at the same N and clock lies inside this one."""
@@ -347,8 +350,10 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
     offsets, parts, prob = _outcomes(N, M, P)
     proc = None
+    warm_from = None
     if coarse > 1:
         if parent is not None and parent.holds(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse):
+            warm_from = parent
             pa = parent.arrays
             res = K.mdp_restrict(pa[0], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], pa[8], pa[9], pa[10], pa[11],
                                  pa[12], pa[13], lo, hi)
@@ -377,6 +382,10 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     scale = 1000.0 / (spec.delta_ms * coarse)
     target = None if target_tok_s is None else target_tok_s / scale
     h = np.zeros(n)
+    if warm_from is not None and warm_from.values and st == K.OK:
+        # keys of a cut-out process are the parent's state indices
+        h = warm_from.values[0][keys[:n]].copy()
+        h -= h[0]
     # Relative value iteration of the epoch process with per-step reward g - lam*tau.  With lam fixed at
     # the target, it converges to values whose certificate is below the target exactly when the box's
     # optimum is (the bracket of any h is valid; lam only steers where h converges).

@@ -64,9 +64,10 @@ def test_budget_matches_part1_algorithm1(lm):
         n1, b1, br1, _, _ = shadow_budget(now, dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft, pf_rem,
                                           pf_tok, pf_ctx, qb, routed, credit, lm.params, T, sc, free_kv, room,
                                           pending, beta, margin, n_min, harvest)
-        n2, b2, br2 = K.budget_tokens(now, dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft, pf_rem,
-                                      pf_tok, pf_ctx, qb, routed, credit, lm.params, T, sc, free_kv, room, pending,
-                                      beta, margin, n_min, harvest)
+        n2, b2, br2 = K.budget_tokens(now, K.Batch(dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft, pf_rem,
+                                                   pf_tok, pf_ctx),
+                                      qb, routed, credit, lm.params, T, K.Room(sc, free_kv, room, pending),
+                                      K.Controller(beta, margin, n_min, harvest))
         assert n1 == n2, trial
         if not qb:
             assert br1 == br2 and b1 == pytest.approx(b2)

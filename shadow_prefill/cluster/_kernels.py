@@ -14,6 +14,8 @@ here say why, not what.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
@@ -110,6 +112,56 @@ G_SHADOW_RECLAIMED = 13  # shadow tokens (copies and tails) that admissions evic
 G_SHADOW_DROPPED = 14    # the part of them that was lost (no host copy kept)
 G_SIZE = 15
 
+# ---- counters that event helpers advance (one int64 vector, so that helpers need not return them)
+N_EAGER = 0         # eager shadow requests created so far
+N_HEAP = 1          # call issues waiting in the heap
+N_OUTSTANDING = 2   # measured requests and calls not finished yet
+N_SIZE = 3
+
+
+# ============================================================================ records
+# The simulator's state travels as named tuples of arrays grouped by role, so that each event helper takes a
+# few records instead of every array it touches.  The Python wrapper :func:`simulate` allocates them once per
+# run; kernels update the arrays in place.
+
+#: the cluster (static): per-model latency vectors, TPOT SLOs and router token times; per-instance arrays
+Cluster = namedtuple("Cluster", "lms model_tpot tok_time inst_model inst_caps inst_pcie inst_tp inst_dedicated "
+                                "inst_xfer")
+#: normal (non-session) requests, by arrival: time, instance, prompt, output, TTFT and TPOT SLOs
+Normals = namedtuple("Normals", "nr_time nr_inst nr_prompt nr_output nr_ttft nr_tpot")
+#: sessions (start, call offsets, measured flag) and their routed calls
+Calls = namedtuple("Calls", "s_start s_offsets s_measured c_sess c_model c_prompt c_hist c_output c_gap c_switch "
+                            "c_ttft c_tpot c_pnext c_top")
+#: scalar settings of one run, decoded from the policy and parameter vectors, and the table sizes
+Knobs = namedtuple("Knobs", "M I Nn S C SM RE off shadow_mode harvesting ded_mode eager host oracle top1 beta margin "
+                            "delta n_min gate cold_age shadow_cap_frac chunk max_seqs warm meas_end t_max p_idle "
+                            "p_mem p_max poll cache_normal whole_copy cold_first reclaim_guard credit_gate")
+#: per request: normal [0, Nn), routed [Nn, Nn + C), eager after; ``r_next`` links the waiting queues
+Requests = namedtuple("Requests", "r_kind r_inst r_prompt r_output r_hist r_hit r_done r_gen r_res r_pend r_ref "
+                                  "r_arr r_ready r_first r_finish r_iters r_ttft r_tpot r_next")
+#: per instance: waiting queue, running batch, clocks, credit, reclaim-guard time
+Instances = namedtuple("Instances", "q_head q_tail q_len pend_tok run n_run inst_next busy_until pcie_free credit "
+                                    "reclaim_t")
+#: the KV cache: entry table and LRU lists, token counters per instance, session maps, free entries
+Cache = namedtuple("Cache", "ent last lists used caps sm_hbm sm_host free_stack nfree")
+#: per session (and session-model): sticky instances, shadow targets, shadow jobs; the call-issue heap
+Sessions = namedtuple("Sessions", "sticky n_sticky sm_eager s_target s_cur s_active jobs n_jobs job_pos ded_of ht hv")
+#: what the SLO controller reads of a batch: decodes (first token s, iterations, TPOT SLO s), then prefill
+#: chunks (arrival s, TTFT SLO s, predicted remaining prefill s)
+Slack = namedtuple("Slack", "dec_first dec_iters dec_tpot pf_arr pf_ttft pf_rem")
+#: per-iteration scratch: the batch's slack rows, chunk sizes per running request, running sums (see F_*, I_*)
+Scratch = namedtuple("Scratch", "slack chunk_q itf iti")
+#: the outputs: per call, per normal request, per instance (S_*) and global (G_*)
+Stats = namedtuple("Stats", "c_out c_int n_out istats gstats")
+#: everything a run mutates
+State = namedtuple("State", "rq inst kv sess scr acc cnt")
+#: :func:`budget_tokens`'s batch (part 1's ``shadow_budget`` contract): decode rows, then prefill-chunk rows
+Batch = namedtuple("Batch", "dec_first dec_iters dec_tpot dec_ctx pf_arr pf_ttft pf_rem pf_tok pf_ctx")
+#: the shadow job's cached context and the three caps on its chunk (free KV, token budget, pending tokens)
+Room = namedtuple("Room", "shadow_context free_kv room pending")
+#: controller parameters of :func:`budget_tokens`
+Controller = namedtuple("Controller", "beta margin n_min harvest")
+
 
 # ============================================================================ latency (mirror of part 1)
 
@@ -204,10 +256,14 @@ def largest_fit(lm, nd, dctx, pt, pp, pk, nc, sc, hi, n_min, limit):
 
 
 @nb.njit(cache=True)
-def budget_tokens(now, dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft, pf_rem, pf_tok, pf_ctx,
-                  queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, shadow_context, free_kv, room, pending,
-                  beta, margin, n_min, harvest):
-    """Algorithm 1 for one shadow chunk; same contract as part 1's ``shadow_budget`` (returns n, b, branch)."""
+def budget_tokens(now, batch, queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, room, ctl):
+    """Algorithm 1 for one shadow chunk; same contract as part 1's ``shadow_budget`` (returns n, b, branch).
+
+    ``batch``: a :data:`Batch`; ``room``: a :data:`Room`; ``ctl``: a :data:`Controller`.
+    """
+    dec_first, dec_iters, dec_tpot, dec_ctx = batch.dec_first, batch.dec_iters, batch.dec_tpot, batch.dec_ctx
+    pf_arr, pf_ttft, pf_rem, pf_tok, pf_ctx = batch.pf_arr, batch.pf_ttft, batch.pf_rem, batch.pf_tok, batch.pf_ctx
+    beta, margin, n_min, harvest = ctl.beta, ctl.margin, ctl.n_min, ctl.harvest
     nd = dec_first.shape[0]
     npf = pf_arr.shape[0]
     dctx = 0.0
@@ -228,20 +284,22 @@ def budget_tokens(now, dec_first, dec_iters, dec_tpot, dec_ctx, pf_arr, pf_ttft,
     base = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
     if queue_blocked:
         return 0, 0.0, 0
+    slack = Slack(dec_first, dec_iters, dec_tpot, pf_arr, pf_ttft, pf_rem)
     b, branch, limit = controller_bound(now, nd + npf == 0, harvest, routed_in_batch, credit_s, beta * tpot_slo_s,
-                                        base, dec_first, dec_iters, dec_tpot, nd, pf_arr, pf_ttft, pf_rem, npf,
-                                        margin)
-    hi = min(room, free_kv, pending)
+                                        base, slack, nd, npf, margin)
+    hi = min(room.room, room.free_kv, room.pending)
     if b <= 0.0:
         return 0, b, branch
-    n, _t = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(shadow_context), hi, n_min, limit)
+    n, _t = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(room.shadow_context), hi, n_min, limit)
     return n, b, branch
 
 
 @nb.njit(cache=True)
-def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, dec_first, dec_iters, dec_tpot, nd,
-                     pf_arr, pf_ttft, pf_rem, npf, margin):
-    """(b, branch, limit on t(B + n)): branches 1 idle, 2 routed credit, 3 SLO slack, 4 harvest credit."""
+def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, slack, nd, npf, margin):
+    """(b, branch, limit on t(B + n)): branches 1 idle, 2 routed credit, 3 SLO slack, 4 harvest credit.
+
+    ``slack``: a :data:`Slack` whose first ``nd`` decode rows and ``npf`` prefill rows are the batch.
+    """
     if empty:
         return cap_t, 1, cap_t
     if harvest:
@@ -250,6 +308,8 @@ def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, dec_fir
     if routed:
         b = min(credit_s, cap_t)
         return b, 2, base + b
+    dec_first, dec_iters, dec_tpot = slack.dec_first, slack.dec_iters, slack.dec_tpot
+    pf_arr, pf_ttft, pf_rem = slack.pf_arr, slack.pf_ttft, slack.pf_rem
     b = cap_t
     keep = 1.0 - margin
     for r in range(nd):
@@ -317,8 +377,10 @@ def _release(ent, free_stack, nfree, e):
 
 
 @nb.njit(cache=True)
-def _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e):
+def _drop(kv, e):
     """Remove an entry from its list and the table (no spill)."""
+    ent, lists, used = kv.ent, kv.lists, kv.used
+    sm_hbm, sm_host, free_stack, nfree = kv.sm_hbm, kv.sm_host, kv.free_stack, kv.nfree
     i = ent[E_INST, e]
     l = ent[E_LIST, e]
     _unlink(ent, lists, e)
@@ -336,8 +398,9 @@ def _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e):
 
 
 @nb.njit(cache=True)
-def _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats):
+def _evict_hbm(kv, e, host, gstats):
     """Evict an HBM entry; a session's entry spills to host DRAM when the tier is on (LRU there)."""
+    ent, lists, used, caps, sm_hbm, sm_host = kv.ent, kv.lists, kv.used, kv.caps, kv.sm_hbm, kv.sm_host
     i = ent[E_INST, e]
     sm = ent[E_SESS, e]
     gstats[G_EVICT_HBM] += 1
@@ -345,9 +408,9 @@ def _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
         old = sm_host[sm]
         if old >= 0:
             if ent[E_TOK, old] >= ent[E_TOK, e]:
-                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+                _drop(kv, e)
                 return
-            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old)
+            _drop(kv, old)
         l = ent[E_LIST, e]
         _unlink(ent, lists, e)
         used[i, 1 + l] -= ent[E_TOK, e]
@@ -361,9 +424,9 @@ def _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
         gstats[G_SPILL] += ent[E_TOK, e]
         while used[i, 1 + L_HOST] > caps[i, 1]:
             t = lists[i, L_HOST, 1]
-            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, t)
+            _drop(kv, t)
         return
-    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+    _drop(kv, e)
 
 
 @nb.njit(cache=True)
@@ -372,8 +435,7 @@ def _free_hbm(used, caps, i):
 
 
 @nb.njit(cache=True)
-def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, host, gstats,
-               cold_cutoff, now, reclaim_t):
+def _make_room(kv, i, need, host, gstats, cold_cutoff, now, reclaim_t):
     """Evict until ``need`` tokens are free; False if impossible.
 
     Order: normal entries idle since ``cold_cutoff`` (the memory a shadow chunk may take as if it were free;
@@ -381,14 +443,15 @@ def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
     copies, then shadow tails of normal copies), then normal entries, LRU within each.  ``reclaim_t[i]``
     records when an admission last dropped unused shadow KV here (the reclaim guard of ``_shadow_chunks``).
     """
+    ent, last, lists, used, caps = kv.ent, kv.last, kv.lists, kv.used, kv.caps
     while _free_hbm(used, caps, i) < need:
         e = lists[i, L_NORM, 1]
         if e >= 0 and last[e] <= cold_cutoff and (used[i, 2] > 0 or used[i, U_TAIL] > 0):
-            _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+            _evict_hbm(kv, e, host, gstats)
             continue
         e = lists[i, L_SHADOW, 1]
         if e < 0 and used[i, U_TAIL] > 0:
-            if _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats) > 0:
+            if _evict_tail(kv, i, host, gstats) > 0:
                 reclaim_t[i] = now
             continue
         if e < 0:
@@ -400,18 +463,20 @@ def _make_room(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree,
             if not (host and ent[E_SESS, e] >= 0 and ent[E_TOK, e] <= caps[i, 1]):
                 gstats[G_SHADOW_DROPPED] += ent[E_TOK, e]
                 reclaim_t[i] = now
-        _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+        _evict_hbm(kv, e, host, gstats)
     return True
 
 
 @nb.njit(cache=True)
-def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, host, gstats):
+def _evict_tail(kv, i, host, gstats):
     """Cut the shadow tail of the least recently used normal-class copy that has one, back to its base.
 
     The copy's own tokens stay where No Shadow would keep them; with the host tier the whole copy (tail
     included) is spilled first, as any evicted session entry is.  Returns the tail tokens lost (not kept on
     the host).
     """
+    ent, last, lists, used, caps = kv.ent, kv.last, kv.lists, kv.used, kv.caps
+    sm_host, free_stack, nfree = kv.sm_host, kv.free_stack, kv.nfree
     e = lists[i, L_NORM, 1]
     while e >= 0 and ent[E_TAIL, e] <= 0:
         e = ent[E_PREV, e]
@@ -429,7 +494,7 @@ def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree
             lost = 0
         if old < 0 or ent[E_TOK, old] < full:
             if old >= 0:
-                _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old)
+                _drop(kv, old)
             h = _alloc(ent, free_stack, nfree)
             if h >= 0:
                 ent[E_INST, h] = i
@@ -444,7 +509,7 @@ def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree
                 gstats[G_SPILL] += full
                 lost = 0
                 while used[i, 1 + L_HOST] > caps[i, 1]:
-                    _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, lists[i, L_HOST, 1])
+                    _drop(kv, lists[i, L_HOST, 1])
     ent[E_TOK, e] = full - tail
     used[i, 1] -= tail
     used[i, U_TAIL] -= tail
@@ -454,8 +519,9 @@ def _evict_tail(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree
 
 
 @nb.njit(cache=True)
-def _cold_room(ent, last, lists, used, caps, i, need, cutoff, own):
+def _cold_room(kv, i, need, cutoff, own):
     """Free tokens plus tokens of entries idle since ``cutoff`` (not ``own``), counted until ``need``."""
+    ent, last, lists, used, caps = kv.ent, kv.last, kv.lists, kv.used, kv.caps
     avail = _free_hbm(used, caps, i)
     for l in (L_SHADOW, L_NORM):
         e = lists[i, l, 1]
@@ -467,27 +533,28 @@ def _cold_room(ent, last, lists, used, caps, i, need, cutoff, own):
 
 
 @nb.njit(cache=True)
-def _evict_cold(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, i, need, cutoff, own, host,
-                gstats):
+def _evict_cold(kv, i, need, cutoff, own, host, gstats):
+    ent, last, lists, used, caps = kv.ent, kv.last, kv.lists, kv.used, kv.caps
     for l in (L_SHADOW, L_NORM):
         e = lists[i, l, 1]
         while e >= 0 and _free_hbm(used, caps, i) < need and last[e] <= cutoff:
             p = ent[E_PREV, e]
             if e != own:
-                _evict_hbm(ent, last, lists, used, caps, sm_hbm, sm_host, free_stack, nfree, e, host, gstats)
+                _evict_hbm(kv, e, host, gstats)
             e = p
     return _free_hbm(used, caps, i) >= need
 
 
 @nb.njit(cache=True)
-def _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e, h):
+def _truncate(kv, e, h):
     """A rewritten history keeps only its first ``h`` tokens of every cached copy."""
+    ent, used = kv.ent, kv.used
     if e < 0 or ent[E_TOK, e] <= h:
         return
     i = ent[E_INST, e]
     l = ent[E_LIST, e]
     if h <= 0:
-        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+        _drop(kv, e)
         return
     cut = ent[E_TOK, e] - h
     used[i, 1 + l] -= cut
@@ -501,8 +568,10 @@ def _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e, h):
 
 
 @nb.njit(cache=True)
-def _check_invariants(ent, lists, used, caps, nfree, sm_hbm, sm_host, run, n_run, r_res, M):
+def _check_invariants(kv, run, n_run, r_res):
     """Count KV bookkeeping mismatches: list sums vs counters, links, capacity, session maps, free entries."""
+    ent, lists, used, caps = kv.ent, kv.lists, kv.used, kv.caps
+    sm_hbm, sm_host, nfree = kv.sm_hbm, kv.sm_host, kv.nfree
     bad = 0
     I = used.shape[0]
     live = 0
@@ -572,9 +641,12 @@ def _enqueue(r_next, q_head, q_tail, q_len, i, r):
 
 
 @nb.njit(cache=True)
-def _queue_eager(re, sm, j, t, r_kind, r_ref, r_inst, r_arr, sm_eager, r_next, q_head, q_tail, q_len, inst_next,
-                 busy_until):
+def _queue_eager(st, re, sm, j, t):
     """Create eager shadow request ``re`` for session-model ``sm`` on instance ``j`` at time ``t`` and queue it."""
+    r_kind, r_ref, r_inst, r_arr, r_next = st.rq.r_kind, st.rq.r_ref, st.rq.r_inst, st.rq.r_arr, st.rq.r_next
+    q_head, q_tail, q_len = st.inst.q_head, st.inst.q_tail, st.inst.q_len
+    inst_next, busy_until = st.inst.inst_next, st.inst.busy_until
+    sm_eager = st.sess.sm_eager
     r_kind[re] = K_EAGER
     r_ref[re] = sm
     r_inst[re] = j
@@ -643,7 +715,7 @@ def _job_remove(jobs, n_jobs, job_pos, i, s, sm, M, mm):
 
 
 # ============================================================================ event helpers of the simulator
-# Each helper is one event (or one phase of an iteration) of :func:`simulate`; they share its state arrays.
+# Each helper is one event (or one phase of an iteration) of :func:`simulate`; they share its state records.
 # The per-iteration scalars travel in two scratch vectors (``itf`` float, ``iti`` int) so that the phases of
 # one iteration hand their running sums to each other without long return tuples.
 
@@ -667,16 +739,26 @@ I_SIZE = 6
 
 
 @nb.njit(cache=True)
-def _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mode, host, oracle,
-                inst_model, inst_dedicated, inst_pcie, inst_xfer, tok_time, busy_until, inst_next, pend_tok,
-                q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_pend,
-                c_sess, c_model, c_prompt, c_hist, c_switch, c_out, c_int, s_offsets, s_active, s_cur, s_target,
-                sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs, job_pos,
-                ent, lists, used, free_stack, nfree, gstats):
-    """Call ``c`` is issued: start its session, cut rewritten histories, route it, queue it, wake shadow targets.
-
-    Returns the number of eager shadow requests created so far.
-    """
+def _issue_call(kn, cl, ca, st, c, now):
+    """Call ``c`` is issued: start its session, cut rewritten histories, route it, queue it, wake shadow targets."""
+    M, I, C, Nn, RE, SM = kn.M, kn.I, kn.C, kn.Nn, kn.RE, kn.SM
+    harvesting, eager, ded_mode, host, oracle = kn.harvesting, kn.eager, kn.ded_mode, kn.host, kn.oracle
+    inst_model, inst_dedicated, inst_pcie = cl.inst_model, cl.inst_dedicated, cl.inst_pcie
+    inst_xfer, tok_time = cl.inst_xfer, cl.tok_time
+    c_sess, c_model, c_prompt, c_hist, c_switch = ca.c_sess, ca.c_model, ca.c_prompt, ca.c_hist, ca.c_switch
+    s_offsets = ca.s_offsets
+    rq = st.rq
+    r_inst, r_arr, r_pend, r_next = rq.r_inst, rq.r_arr, rq.r_pend, rq.r_next
+    ins = st.inst
+    busy_until, inst_next, pend_tok = ins.busy_until, ins.inst_next, ins.pend_tok
+    q_head, q_tail, q_len = ins.q_head, ins.q_tail, ins.q_len
+    ss_ = st.sess
+    s_active, s_cur, s_target, sticky, n_sticky = ss_.s_active, ss_.s_cur, ss_.s_target, ss_.sticky, ss_.n_sticky
+    sm_eager, ded_of, jobs, n_jobs, job_pos = ss_.sm_eager, ss_.ded_of, ss_.jobs, ss_.n_jobs, ss_.job_pos
+    kv = st.kv
+    ent, sm_hbm, sm_host = kv.ent, kv.sm_hbm, kv.sm_host
+    c_out, c_int, gstats = st.acc.c_out, st.acc.c_int, st.acc.gstats
+    n_eager = st.cnt[N_EAGER]
     s = c_sess[c]
     m = c_model[c]
     h = c_hist[c]
@@ -692,10 +774,10 @@ def _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mod
             n_sticky[bi] += 1
             _job_add(jobs, n_jobs, job_pos, ded_of[mm] if ded_mode else bi, s, s * M + mm)
     for mm in range(M):
-        _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[s * M + mm], h)
-        _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_host[s * M + mm], h)
+        _truncate(kv, sm_hbm[s * M + mm], h)
+        _truncate(kv, sm_host[s * M + mm], h)
         if ded_mode:
-            _truncate(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[SM + s * M + mm], h)
+            _truncate(kv, sm_hbm[SM + s * M + mm], h)
     s_cur[s] = c
     s_target[s] = c_prompt[c]
     # route: lowest estimated prefill completion counting only uncached tokens
@@ -742,7 +824,7 @@ def _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mod
             sm_hbm[s * M + m] = -1
         e = sm_host[s * M + m]
         if e >= 0:
-            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, e)
+            _drop(kv, e)
         n_sticky[old] -= 1
         sticky[s * M + m] = i
         n_sticky[i] += 1
@@ -771,18 +853,25 @@ def _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mod
             inst_next[j] = max(now, busy_until[j])
         if eager and sm_eager[sm] < 0:
             if n_eager < RE:
-                _queue_eager(Nn + C + n_eager, sm, j, now, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                             r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                _queue_eager(st, Nn + C + n_eager, sm, j, now)
                 n_eager += 1
             else:
                 gstats[G_EAGER_OVERFLOW] += 1
-    return n_eager
+    st.cnt[N_EAGER] = n_eager
 
 
 @nb.njit(cache=True)
-def _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, r_first, r_iters, r_tpot, r_gen,
-                      r_kind, r_arr, r_ttft, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, chunk_q, itf, iti):
+def _schedule_running(kn, st, i, now, lm):
     """Decodes, then the in-flight prefill chunks of the running requests, under the token budget."""
+    chunk = kn.chunk
+    run, n_run = st.inst.run, st.inst.n_run
+    rq = st.rq
+    r_ready, r_done, r_prompt, r_first, r_iters = rq.r_ready, rq.r_done, rq.r_prompt, rq.r_first, rq.r_iters
+    r_tpot, r_gen, r_kind, r_arr, r_ttft = rq.r_tpot, rq.r_gen, rq.r_kind, rq.r_arr, rq.r_ttft
+    sl = st.scr.slack
+    d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem = sl.dec_first, sl.dec_iters, sl.dec_tpot, sl.pf_arr, sl.pf_ttft, \
+        sl.pf_rem
+    chunk_q, itf, iti = st.scr.chunk_q, st.scr.itf, st.scr.iti
     # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
     nrun = n_run[i]
     budget = chunk
@@ -853,12 +942,27 @@ def _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, 
 
 
 @nb.njit(cache=True)
-def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_cutoff, inst_caps, inst_pcie, inst_xfer,
-           pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
-           r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
-           c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
-           ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_t):
+def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
     """Admissions from the FIFO waiting queue: prefix hit, host/network reload, KV reservation, first chunk."""
+    M, SM, chunk, max_seqs = kn.M, kn.SM, kn.chunk, kn.max_seqs
+    host, oracle, ded_mode = kn.host, kn.oracle, kn.ded_mode
+    inst_pcie, inst_xfer = cl.inst_pcie, cl.inst_xfer
+    c_sess, c_switch = ca.c_sess, ca.c_switch
+    ins = st.inst
+    pcie_free, pend_tok, reclaim_t = ins.pcie_free, ins.pend_tok, ins.reclaim_t
+    q_head, q_tail, q_len, run, n_run = ins.q_head, ins.q_tail, ins.q_len, ins.run, ins.n_run
+    scr = st.scr
+    chunk_q, itf, iti = scr.chunk_q, scr.itf, scr.iti
+    p_arr, p_ttft, p_rem = scr.slack.pf_arr, scr.slack.pf_ttft, scr.slack.pf_rem
+    rq = st.rq
+    r_next, r_kind, r_ref, r_prompt, r_output = rq.r_next, rq.r_kind, rq.r_ref, rq.r_prompt, rq.r_output
+    r_hist, r_hit, r_done, r_res, r_pend = rq.r_hist, rq.r_hit, rq.r_done, rq.r_res, rq.r_pend
+    r_arr, r_ready, r_ttft = rq.r_arr, rq.r_ready, rq.r_ttft
+    s_active, s_target, sticky, sm_eager = st.sess.s_active, st.sess.s_target, st.sess.sticky, st.sess.sm_eager
+    kv = st.kv
+    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
+    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    c_int, c_out, gstats = st.acc.c_int, st.acc.c_out, st.acc.gstats
     nrun = iti[I_NRUN]
     budget = iti[I_BUDGET]
     npf = iti[I_NPF]
@@ -951,8 +1055,7 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_c
         if eh >= 0:
             _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
             used[i, 1 + L_HOST] -= ent[E_TOK, eh]
-        ok = _make_room(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
-                        need - resident, host, gstats, cold_cutoff, now, reclaim_t)
+        ok = _make_room(kv, i, need - resident, host, gstats, cold_cutoff, now, reclaim_t)
         if not ok:
             if e >= 0:
                 ent[E_TOK, e] = resident
@@ -1050,11 +1153,7 @@ def _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_c
 
 
 @nb.njit(cache=True)
-def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin,
-                   n_min, cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs,
-                   s_active, s_cur, s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem,
-                   sm_hbm, sm_host, ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard,
-                   reclaim_t, credit_gate):
+def _shadow_chunks(kn, cl, ca, st, i, now, m, lm, base_t, cap_t):
     """Algorithm 1: shadow chunks appended last to the iteration, by decreasing switch probability.
 
     A chunk takes free memory or entries idle for more than the cold age.  Reclaim guard: for the cold age
@@ -1063,6 +1162,19 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
 
     Returns ``(shadow tokens, spent on a credit branch, poll again later, iteration seconds)``.
     """
+    M, shadow_mode, harvesting, ded_mode, host, top1 = kn.M, kn.shadow_mode, kn.harvesting, kn.ded_mode, kn.host, \
+        kn.top1
+    gate, margin, n_min, cold_age, shadow_cap_frac = kn.gate, kn.margin, kn.n_min, kn.cold_age, kn.shadow_cap_frac
+    whole_copy, off, reclaim_guard, credit_gate = kn.whole_copy, kn.off, kn.reclaim_guard, kn.credit_gate
+    inst_caps, inst_dedicated = cl.inst_caps, cl.inst_dedicated
+    c_model, c_pnext, c_top = ca.c_model, ca.c_pnext, ca.c_top
+    credit, q_head, reclaim_t = st.inst.credit, st.inst.q_head, st.inst.reclaim_t
+    jobs, n_jobs, s_active, s_cur, s_target = st.sess.jobs, st.sess.n_jobs, st.sess.s_active, st.sess.s_cur, \
+        st.sess.s_target
+    kv = st.kv
+    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
+    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    itf, iti, gstats = st.scr.itf, st.scr.iti, st.acc.gstats
     nd = iti[I_ND]
     npf = iti[I_NPF]
     budget = iti[I_BUDGET]
@@ -1088,8 +1200,7 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             limit = INF
         else:
             bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
-                                                  cap_t, base_t, d_first, d_iters, d_tpot, nd, p_arr, p_ttft,
-                                                  p_rem, npf, margin)
+                                                  cap_t, base_t, st.scr.slack, nd, npf, margin)
         stretch_branch = branch == 2 or branch == 4
         cutoff = now - cold_age
         cap_tokens = int(shadow_cap_frac * inst_caps[i, 0])
@@ -1143,7 +1254,7 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             keep_free = 0  # free tokens the chunk must leave free (the reclaim guard)
             if reclaim_guard and now - reclaim_t[i] < cold_age:
                 keep_free = _free_hbm(used, inst_caps, i)
-            avail = _cold_room(ent, last, lists, used, inst_caps, i, hi + keep_free, cutoff, own) - keep_free
+            avail = _cold_room(kv, i, hi + keep_free, cutoff, own) - keep_free
             if avail < hi:
                 hi = avail
             if hi < n_min:
@@ -1152,8 +1263,7 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
             n, t_new = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(bcov), hi, n_min, limit)
             if n <= 0:
                 break
-            if not _evict_cold(ent, last, lists, used, inst_caps, sm_hbm, sm_host, free_stack, nfree, i,
-                               n + keep_free, cutoff, own, host, gstats):
+            if not _evict_cold(kv, i, n + keep_free, cutoff, own, host, gstats):
                 break
             own = sm_hbm[sm]
             if own < 0:
@@ -1200,9 +1310,14 @@ def _shadow_chunks(i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded
 
 
 @nb.njit(cache=True)
-def _account_iteration(i, now, t_end, dur, base_t, sh_tok, stretch_branch, lm, cap_t, delta, shadow_mode, warm,
-                       meas_end, p_idle, p_mem, p_max, inst_tp, credit, used, istats, gstats, itf, iti):
+def _account_iteration(kn, cl, st, i, m, now, t_end, dur, base_t, sh_tok, stretch_branch):
     """Energy, throughput and shadow-KV statistics of one iteration, and the credit update."""
+    lm = cl.lms[m]
+    cap_t = kn.beta * cl.model_tpot[m]
+    delta, shadow_mode, warm, meas_end = kn.delta, kn.shadow_mode, kn.warm, kn.meas_end
+    p_idle, p_mem, p_max = kn.p_idle, kn.p_mem, kn.p_max
+    inst_tp, credit, used = cl.inst_tp, st.inst.credit, st.kv.used
+    istats, gstats, itf, iti = st.acc.istats, st.acc.gstats, st.scr.itf, st.scr.iti
     nd = iti[I_ND]
     npf = iti[I_NPF]
     dctx = itf[F_DCTX]
@@ -1244,14 +1359,32 @@ def _account_iteration(i, now, t_end, dur, base_t, sh_tok, stretch_branch, lm, c
 
 
 @nb.njit(cache=True)
-def _finish_iteration(i, now, t_end, m, nrun, n_eager, nh, outstanding, M, C, Nn, RE, SM, harvesting, eager,
-                      ded_mode, cache_normal, warm, meas_end, run, n_run, chunk_q, busy_until, inst_next, pend_tok,
-                      q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_prompt, r_output, r_hist,
-                      r_done, r_gen, r_iters, r_first, r_finish, r_ready, r_res, c_sess, c_gap, c_out, n_out,
-                      s_offsets, s_measured, s_active, s_cur, s_target, sticky, n_sticky, sm_hbm, sm_host,
-                      sm_eager, ded_of, jobs, n_jobs, job_pos, ht, hv, ent, last, lists, used, free_stack, nfree):
+def _finish_iteration(kn, ca, st, i, now, t_end, m, nrun):
     """Apply an iteration at its end: prefill progress, first tokens, decodes, output streaming, completions
-    (cache entries, the session's next call, eager follow-ups).  Returns ``(n_eager, heap size, outstanding)``."""
+    (cache entries, the session's next call, eager follow-ups)."""
+    M, C, Nn, RE, SM = kn.M, kn.C, kn.Nn, kn.RE, kn.SM
+    harvesting, eager, ded_mode, cache_normal = kn.harvesting, kn.eager, kn.ded_mode, kn.cache_normal
+    warm, meas_end = kn.warm, kn.meas_end
+    c_sess, c_gap, s_offsets, s_measured = ca.c_sess, ca.c_gap, ca.s_offsets, ca.s_measured
+    ins = st.inst
+    run, n_run, busy_until, inst_next, pend_tok = ins.run, ins.n_run, ins.busy_until, ins.inst_next, ins.pend_tok
+    chunk_q = st.scr.chunk_q
+    rq = st.rq
+    r_kind, r_ref, r_arr, r_prompt, r_output = rq.r_kind, rq.r_ref, rq.r_arr, rq.r_prompt, rq.r_output
+    r_hist, r_done, r_gen, r_iters, r_first = rq.r_hist, rq.r_done, rq.r_gen, rq.r_iters, rq.r_first
+    r_finish, r_ready, r_res = rq.r_finish, rq.r_ready, rq.r_res
+    ss_ = st.sess
+    s_active, s_cur, s_target, sticky, n_sticky = ss_.s_active, ss_.s_cur, ss_.s_target, ss_.sticky, ss_.n_sticky
+    sm_eager, ded_of, jobs, n_jobs, job_pos = ss_.sm_eager, ss_.ded_of, ss_.jobs, ss_.n_jobs, ss_.job_pos
+    ht, hv = ss_.ht, ss_.hv
+    kv = st.kv
+    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
+    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    c_out, n_out = st.acc.c_out, st.acc.n_out
+    cnt = st.cnt
+    n_eager = cnt[N_EAGER]
+    nh = cnt[N_HEAP]
+    outstanding = cnt[N_OUTSTANDING]
     # ---------------- apply the iteration (state now, timestamps at t_end)
     keep = 0
     for k in range(nrun):
@@ -1322,17 +1455,17 @@ def _finish_iteration(i, now, t_end, m, nrun, n_eager, nh, outstanding, M, C, Nn
                     ent[E_BASE, e] = min(r_hist[r], tok)
                     old_e = sm_hbm[sm]
                     if old_e >= 0:  # a later shadow copy (should not happen while eager runs)
-                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, old_e)
+                        _drop(kv, old_e)
                 ent[E_SESS, e] = sm
                 if sticky[sm] != i:
                     ent[E_SESS, e] = -1  # the session moved away meanwhile
                 else:
                     if sm_hbm[sm] >= 0:
-                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, sm_hbm[sm])
+                        _drop(kv, sm_hbm[sm])
                     sm_hbm[sm] = e
                     eh = sm_host[sm]
                     if eh >= 0 and ent[E_TOK, eh] <= tok:
-                        _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, eh)
+                        _drop(kv, eh)
             _push_front(ent, lists, e, L_NORM)
             used[i, 1] += tok
         if kind == K_ROUTED:
@@ -1352,7 +1485,7 @@ def _finish_iteration(i, now, t_end, m, nrun, n_eager, nh, outstanding, M, C, Nn
                         _job_remove(jobs, n_jobs, job_pos, ded_of[mm], ss, ss * M + mm, M, mm)
                         ed = sm_hbm[SM + ss * M + mm]
                         if ed >= 0:  # the session is over: its warm copy is dead weight
-                            _drop(ent, lists, used, sm_hbm, sm_host, free_stack, nfree, ed)
+                            _drop(kv, ed)
                     else:
                         _job_remove(jobs, n_jobs, job_pos, o, ss, ss * M + mm, M, mm)
             if eager:
@@ -1362,162 +1495,144 @@ def _finish_iteration(i, now, t_end, m, nrun, n_eager, nh, outstanding, M, C, Nn
                     sm2 = ss * M + mm
                     if sm_eager[sm2] < 0 and n_eager < RE and s_active[ss]:
                         j = sticky[sm2]
-                        _queue_eager(Nn + C + n_eager, sm2, j, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                                     r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                        _queue_eager(st, Nn + C + n_eager, sm2, j, t_end)
                         n_eager += 1
         elif kind == K_EAGER:
             sm = r_ref[r]
             ss = sm // M
             sm_eager[sm] = -1
             if s_active[ss] and s_target[ss] > r_prompt[r] and n_eager < RE:
-                _queue_eager(Nn + C + n_eager, sm, i, t_end, r_kind, r_ref, r_inst, r_arr, sm_eager,
-                             r_next, q_head, q_tail, q_len, inst_next, busy_until)
+                _queue_eager(st, Nn + C + n_eager, sm, i, t_end)
                 n_eager += 1
     n_run[i] = keep
     busy_until[i] = t_end
-    return n_eager, nh, outstanding
+    cnt[N_EAGER] = n_eager
+    cnt[N_HEAP] = nh
+    cnt[N_OUTSTANDING] = outstanding
 
 
 # ============================================================================ the simulator
 
-@nb.njit(cache=True)
-def simulate(pol, par, lms, model_tpot, tok_time,
-             inst_model, inst_caps, inst_pcie, inst_tp, inst_dedicated, inst_xfer,
-             nr_time, nr_inst, nr_prompt, nr_output, nr_ttft, nr_tpot,
-             s_start, s_offsets, s_measured,
-             c_sess, c_model, c_prompt, c_hist, c_output, c_gap, c_switch, c_ttft, c_tpot, c_pnext, c_top):
+def knobs(pol, par, cluster, normals, calls):
+    """The :data:`Knobs` of one run: the policy and parameter vectors decoded, and the table sizes."""
+    M = int(cluster.lms.shape[0])
+    C = int(calls.c_model.shape[0])
+    S = int(calls.s_start.shape[0])
+    shadow_mode = int(pol[P_SHADOW])
+    ded_mode = shadow_mode == SH_DEDICATED
+    eager = shadow_mode == SH_EAGER
+    return Knobs(
+        M=M, I=int(cluster.inst_model.shape[0]), Nn=int(normals.nr_time.shape[0]), S=S, C=C, SM=S * M,
+        RE=4 * C * (M - 1) + 16 if eager else 0, off=S * M if ded_mode else 0, shadow_mode=shadow_mode,
+        harvesting=shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED,
+        ded_mode=ded_mode, eager=eager, host=bool(pol[P_HOST] != 0), oracle=bool(pol[P_ORACLE] != 0),
+        top1=bool(pol[P_TOP1] != 0), beta=float(par[Q_BETA]), margin=float(par[Q_MARGIN]),
+        delta=float(par[Q_DELTA]), n_min=int(par[Q_NMIN]), gate=float(par[Q_GATE]), cold_age=float(par[Q_COLD_AGE]),
+        shadow_cap_frac=float(par[Q_SHADOW_CAP]), chunk=int(par[Q_CHUNK]), max_seqs=int(par[Q_MAX_SEQS]),
+        warm=float(par[Q_WARM]), meas_end=float(par[Q_MEAS_END]), t_max=float(par[Q_T_MAX]),
+        p_idle=float(par[Q_P_IDLE]), p_mem=float(par[Q_P_MEM]), p_max=float(par[Q_P_MAX]), poll=float(par[Q_POLL]),
+        cache_normal=bool(par[Q_CACHE_NORMAL] != 0.0), whole_copy=bool(par[Q_WHOLE_COPY] != 0.0),
+        cold_first=bool(par[Q_COLD_FIRST] != 0.0), reclaim_guard=bool(par[Q_RECLAIM_GUARD] != 0.0),
+        credit_gate=float(par[Q_CREDIT_GATE]))
+
+
+def new_state(kn, cluster, normals, calls):
+    """The :data:`State` at time 0: requests loaded, queues and caches empty, outputs unset."""
+    i8 = np.int64
+    f8 = np.float64
+    M, I, Nn, S, C, SM = kn.M, kn.I, kn.Nn, kn.S, kn.C, kn.SM
+    R = Nn + C + kn.RE
+    rq = Requests(
+        r_kind=np.zeros(R, i8), r_inst=np.full(R, -1, i8), r_prompt=np.zeros(R, i8), r_output=np.zeros(R, i8),
+        r_hist=np.zeros(R, i8), r_hit=np.zeros(R, i8), r_done=np.zeros(R, i8), r_gen=np.zeros(R, i8),
+        r_res=np.zeros(R, i8), r_pend=np.zeros(R, i8),
+        r_ref=np.full(R, -1, i8),           # call index (routed) or session*M+model (eager)
+        r_arr=np.zeros(R, f8), r_ready=np.zeros(R, f8), r_first=np.full(R, -1.0, f8), r_finish=np.full(R, -1.0, f8),
+        r_iters=np.zeros(R, i8), r_ttft=np.zeros(R, f8), r_tpot=np.zeros(R, f8), r_next=np.full(R, -1, i8))
+    rq.r_kind[:Nn] = K_NORMAL
+    rq.r_inst[:Nn] = normals.nr_inst
+    rq.r_prompt[:Nn] = normals.nr_prompt
+    rq.r_output[:Nn] = normals.nr_output
+    rq.r_ttft[:Nn] = normals.nr_ttft
+    rq.r_tpot[:Nn] = normals.nr_tpot
+    rt = slice(Nn, Nn + C)
+    rq.r_kind[rt] = K_ROUTED
+    rq.r_prompt[rt] = calls.c_prompt
+    rq.r_output[rt] = calls.c_output
+    rq.r_hist[rt] = calls.c_hist
+    rq.r_ref[rt] = np.arange(C)
+    rq.r_ttft[rt] = calls.c_ttft
+    rq.r_tpot[rt] = calls.c_tpot
+    ins = Instances(
+        q_head=np.full(I, -1, i8), q_tail=np.full(I, -1, i8), q_len=np.zeros(I, i8),
+        pend_tok=np.zeros(I, i8),           # prefill tokens queued or in flight (router estimate)
+        run=np.full((I, kn.max_seqs), -1, i8), n_run=np.zeros(I, i8), inst_next=np.full(I, INF),
+        busy_until=np.zeros(I, f8), pcie_free=np.zeros(I, f8), credit=np.zeros(I, f8),
+        reclaim_t=np.full(I, -INF))         # last time an admission dropped unused shadow KV (reclaim guard)
+    E = Nn + 4 * S * M + kn.RE + 64
+    ent = np.full((E_ROWS, E), -1, i8)
+    ent[E_TAIL, :] = 0
+    # used[i]: see U_TAIL (0 reservations, 1 HBM normal class, 2 HBM shadow copies, 3 host, 4 shadow tails);
+    # sm_hbm[s*M+m]: the session's copy on its sticky instance of m; sm_hbm[S*M + s*M+m]: Dedicated's warm copy
+    kv = Cache(ent=ent, last=np.zeros(E, f8), lists=np.full((I, 3, 2), -1, i8), used=np.zeros((I, 5), i8),
+               caps=cluster.inst_caps, sm_hbm=np.full(2 * SM, -1, i8), sm_host=np.full(SM, -1, i8),
+               free_stack=np.arange(E - 1, -1, -1).astype(i8), nfree=np.array([E], i8))
+    ded_of = np.full(M, -1, i8)
+    for i in range(I):
+        if cluster.inst_dedicated[i]:
+            ded_of[cluster.inst_model[i]] = i
+    sess = Sessions(
+        sticky=np.full(SM, -1, i8), n_sticky=np.zeros(I, i8),
+        sm_eager=np.full(SM, -1, i8),       # eager request in flight
+        s_target=np.zeros(S, i8),
+        s_cur=np.full(S, -1, i8),           # current (or last) call index
+        s_active=np.zeros(S, np.bool_), jobs=np.full((I, S), -1, i8), n_jobs=np.zeros(I, i8),
+        job_pos=np.full(SM, -1, i8), ded_of=ded_of, ht=np.empty(S + 1, f8), hv=np.empty(S + 1, i8))
+    ms = kn.max_seqs
+    scr = Scratch(slack=Slack(np.empty(ms, f8), np.empty(ms, f8), np.empty(ms, f8), np.empty(ms, f8),
+                              np.empty(ms, f8), np.empty(ms, f8)),
+                  chunk_q=np.zeros(ms, i8), itf=np.zeros(F_SIZE, f8), iti=np.zeros(I_SIZE, i8))
+    acc = Stats(c_out=np.full((C, 6), -1.0, f8), c_int=np.full((C, 4), -1, i8), n_out=np.full((Nn, 2), -1.0, f8),
+                istats=np.zeros((I, S_SIZE), f8), gstats=np.zeros(G_SIZE, f8))
+    return State(rq=rq, inst=ins, kv=kv, sess=sess, scr=scr, acc=acc, cnt=np.zeros(N_SIZE, i8))
+
+
+def simulate(pol, par, cluster, normals, calls):
     """Run one cluster simulation (see :mod:`shadow_prefill.cluster.sim` for the model).
+
+    ``cluster``, ``normals``, ``calls``: a :data:`Cluster`, :data:`Normals` and :data:`Calls`; ``pol``, ``par``:
+    the policy (P_*) and parameter (Q_*) vectors.
 
     Returns ``(c_out f8[C, 6], c_int i8[C, 4], n_out f8[Nn, 2], inst_stats f8[I, S_SIZE], gstats f8[G_SIZE])``:
     per call (issue, first token, finish, TTFT SLO met flag unused, reload s, queue s) and (hit, shadow hit,
     instance, reload tokens); per normal request (first token, finish).
     """
-    M = lms.shape[0]
-    I = inst_model.shape[0]
-    Nn = nr_time.shape[0]
-    S = s_start.shape[0]
-    C = c_model.shape[0]
-    shadow_mode = pol[P_SHADOW]
-    host = pol[P_HOST] != 0
-    oracle = pol[P_ORACLE] != 0
-    top1 = pol[P_TOP1] != 0
-    beta = par[Q_BETA]
-    margin = par[Q_MARGIN]
-    delta = par[Q_DELTA]
-    n_min = int(par[Q_NMIN])
-    gate = par[Q_GATE]
-    cold_age = par[Q_COLD_AGE]
-    shadow_cap_frac = par[Q_SHADOW_CAP]
-    chunk = int(par[Q_CHUNK])
-    max_seqs = int(par[Q_MAX_SEQS])
-    warm = par[Q_WARM]
-    meas_end = par[Q_MEAS_END]
-    t_max = par[Q_T_MAX]
-    p_idle = par[Q_P_IDLE]
-    p_mem = par[Q_P_MEM]
-    p_max = par[Q_P_MAX]
-    poll = par[Q_POLL]
-    cache_normal = par[Q_CACHE_NORMAL] != 0.0
-    whole_copy = par[Q_WHOLE_COPY] != 0.0
-    cold_first = par[Q_COLD_FIRST] != 0.0
-    reclaim_guard = par[Q_RECLAIM_GUARD] != 0.0
-    credit_gate = par[Q_CREDIT_GATE]
-    harvesting = shadow_mode == SH_HARVEST or shadow_mode == SH_SLO or shadow_mode == SH_DEDICATED
-    ded_mode = shadow_mode == SH_DEDICATED
-    eager = shadow_mode == SH_EAGER
+    kn = knobs(pol, par, cluster, normals, calls)
+    st = new_state(kn, cluster, normals, calls)
+    _simulate_jit(kn, cluster, normals, calls, st)
+    a = st.acc
+    return a.c_out, a.c_int, a.n_out, a.istats, a.gstats
 
-    # ---------------- requests: normal [0, Nn), routed [Nn, Nn + C), eager after
-    RE = 0
-    if eager:
-        RE = 4 * C * (M - 1) + 16
-    R = Nn + C + RE
-    r_kind = np.zeros(R, np.int64)
-    r_inst = np.full(R, -1, np.int64)
-    r_prompt = np.zeros(R, np.int64)
-    r_output = np.zeros(R, np.int64)
-    r_hist = np.zeros(R, np.int64)
-    r_hit = np.zeros(R, np.int64)
-    r_done = np.zeros(R, np.int64)
-    r_gen = np.zeros(R, np.int64)
-    r_res = np.zeros(R, np.int64)
-    r_pend = np.zeros(R, np.int64)
-    r_ref = np.full(R, -1, np.int64)       # call index (routed) or session*M+model (eager)
-    r_arr = np.zeros(R, np.float64)
-    r_ready = np.zeros(R, np.float64)
-    r_first = np.full(R, -1.0, np.float64)
-    r_finish = np.full(R, -1.0, np.float64)
-    r_iters = np.zeros(R, np.int64)
-    r_ttft = np.zeros(R, np.float64)
-    r_tpot = np.zeros(R, np.float64)
-    r_next = np.full(R, -1, np.int64)
-    for k in range(Nn):
-        r_kind[k] = K_NORMAL
-        r_inst[k] = nr_inst[k]
-        r_prompt[k] = nr_prompt[k]
-        r_output[k] = nr_output[k]
-        r_ttft[k] = nr_ttft[k]
-        r_tpot[k] = nr_tpot[k]
-    for c in range(C):
-        r = Nn + c
-        r_kind[r] = K_ROUTED
-        r_prompt[r] = c_prompt[c]
-        r_output[r] = c_output[c]
-        r_hist[r] = c_hist[c]
-        r_ref[r] = c
-        r_ttft[r] = c_ttft[c]
-        r_tpot[r] = c_tpot[c]
-    n_eager = 0
 
-    # ---------------- instances
-    q_head = np.full(I, -1, np.int64)
-    q_tail = np.full(I, -1, np.int64)
-    q_len = np.zeros(I, np.int64)
-    pend_tok = np.zeros(I, np.int64)        # prefill tokens queued or in flight (router estimate)
-    run = np.full((I, max_seqs), -1, np.int64)
-    n_run = np.zeros(I, np.int64)
-    inst_next = np.full(I, INF)
-    busy_until = np.zeros(I, np.float64)
-    pcie_free = np.zeros(I, np.float64)
-    credit = np.zeros(I, np.float64)
-    reclaim_t = np.full(I, -INF)            # last time an admission dropped unused shadow KV (reclaim guard)
-    istats = np.zeros((I, S_SIZE), np.float64)
-    gstats = np.zeros(G_SIZE, np.float64)
-    ded_of = np.full(M, -1, np.int64)
-    for i in range(I):
-        if inst_dedicated[i]:
-            ded_of[inst_model[i]] = i
-    # used[i]: see U_TAIL (0 reservations, 1 HBM normal class, 2 HBM shadow copies, 3 host, 4 shadow tails)
-    used = np.zeros((I, 5), np.int64)
-    lists = np.full((I, 3, 2), -1, np.int64)
-    E = Nn + 4 * S * M + RE + 64
-    ent = np.full((E_ROWS, E), -1, np.int64)
-    ent[E_TAIL, :] = 0
-    last = np.zeros(E, np.float64)
-    free_stack = np.arange(E - 1, -1, -1).astype(np.int64)
-    nfree = np.array([E], np.int64)
+@nb.njit(cache=True)
+def _simulate_jit(kn, cl, nr, ca, st):
+    """The event loop of :func:`simulate` over records it allocated; fills ``st.acc``."""
+    I, Nn, S, C = kn.I, kn.Nn, kn.S, kn.C
+    harvesting, beta, poll = kn.harvesting, kn.beta, kn.poll
+    cold_age, cold_first = kn.cold_age, kn.cold_first
+    warm, meas_end, t_max, p_idle = kn.warm, kn.meas_end, kn.t_max, kn.p_idle
+    lms, model_tpot, inst_model, inst_tp = cl.lms, cl.model_tpot, cl.inst_model, cl.inst_tp
+    nr_time = nr.nr_time
+    s_start, s_offsets, s_measured, c_gap = ca.s_start, ca.s_offsets, ca.s_measured, ca.c_gap
+    r_inst, r_arr, r_pend, r_prompt, r_next = st.rq.r_inst, st.rq.r_arr, st.rq.r_pend, st.rq.r_prompt, st.rq.r_next
+    ins = st.inst
+    q_head, q_tail, q_len, pend_tok = ins.q_head, ins.q_tail, ins.q_len, ins.pend_tok
+    inst_next, busy_until = ins.inst_next, ins.busy_until
+    ht, hv = st.sess.ht, st.sess.hv
+    c_int, istats, gstats = st.acc.c_int, st.acc.istats, st.acc.gstats
+    itf, iti = st.scr.itf, st.scr.iti
+    cnt = st.cnt
 
-    # ---------------- sessions
-    # sm_hbm[s*M+m]: the session's copy on its sticky instance of m; sm_hbm[S*M + s*M+m]: Dedicated's warm copy
-    SM = S * M
-    sm_hbm = np.full(2 * SM, -1, np.int64)
-    off = SM if ded_mode else 0
-    sm_host = np.full(S * M, -1, np.int64)
-    sticky = np.full(S * M, -1, np.int64)
-    sm_eager = np.full(S * M, -1, np.int64)  # eager request in flight
-    s_target = np.zeros(S, np.int64)
-    s_cur = np.full(S, -1, np.int64)         # current (or last) call index
-    s_active = np.zeros(S, np.bool_)
-    jobs = np.full((I, S), -1, np.int64)
-    n_jobs = np.zeros(I, np.int64)
-    job_pos = np.full(S * M, -1, np.int64)
-    n_sticky = np.zeros(I, np.int64)
-
-    c_out = np.full((C, 6), -1.0, np.float64)
-    c_int = np.full((C, 4), -1, np.int64)
-    n_out = np.full((Nn, 2), -1.0, np.float64)
-
-    ht = np.empty(S + 1, np.float64)
-    hv = np.empty(S + 1, np.int64)
     nh = 0
     outstanding = 0
     for s in range(S):
@@ -1528,23 +1643,14 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     for k in range(Nn):
         if nr_time[k] >= warm and nr_time[k] < meas_end:
             outstanding += 1
-
-    # scratch for the budget
-    d_first = np.empty(max_seqs, np.float64)
-    d_iters = np.empty(max_seqs, np.float64)
-    d_tpot = np.empty(max_seqs, np.float64)
-    p_arr = np.empty(max_seqs, np.float64)
-    p_ttft = np.empty(max_seqs, np.float64)
-    p_rem = np.empty(max_seqs, np.float64)
-    chunk_q = np.zeros(max_seqs, np.int64)
-    itf = np.zeros(F_SIZE, np.float64)
-    iti = np.zeros(I_SIZE, np.int64)
+    cnt[N_HEAP] = nh
+    cnt[N_OUTSTANDING] = outstanding
 
     pa = 0
     now = 0.0
     while True:
         t_arr = nr_time[pa] if pa < Nn else INF
-        t_call = ht[0] if nh > 0 else INF
+        t_call = ht[0] if cnt[N_HEAP] > 0 else INF
         ib = -1
         t_inst = INF
         for i in range(I):
@@ -1554,7 +1660,7 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         now = min(t_arr, min(t_call, t_inst))
         if now == INF:
             break
-        if outstanding == 0 and now >= meas_end:
+        if cnt[N_OUTSTANDING] == 0 and now >= meas_end:
             break
         if now > t_max:
             gstats[G_TRUNCATED] = 1.0
@@ -1576,13 +1682,8 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         if t_call <= t_inst:
             # ------------------------------------------------ a routed call is issued
             c = hv[0]
-            nh = _heap_pop(ht, hv, nh)
-            n_eager = _issue_call(c, now, n_eager, M, I, C, Nn, RE, SM, harvesting, eager, ded_mode, host, oracle,
-                                  inst_model, inst_dedicated, inst_pcie, inst_xfer, tok_time, busy_until, inst_next,
-                                  pend_tok, q_head, q_tail, q_len, r_next, r_kind, r_ref, r_inst, r_arr, r_pend,
-                                  c_sess, c_model, c_prompt, c_hist, c_switch, c_out, c_int, s_offsets, s_active,
-                                  s_cur, s_target, sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs,
-                                  job_pos, ent, lists, used, free_stack, nfree, gstats)
+            cnt[N_HEAP] = _heap_pop(ht, hv, cnt[N_HEAP])
+            _issue_call(kn, cl, ca, st, c, now)
             continue
         # ---------------------------------------------------- an iteration starts on instance ib
         i = ib
@@ -1591,23 +1692,14 @@ def simulate(pol, par, lms, model_tpot, tok_time,
         T_m = model_tpot[m]
         cap_t = beta * T_m
         # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
-        _schedule_running(i, now, lm, chunk, run, n_run, r_ready, r_done, r_prompt, r_first, r_iters, r_tpot, r_gen,
-                          r_kind, r_arr, r_ttft, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, chunk_q, itf, iti)
+        _schedule_running(kn, st, i, now, lm)
         cold_cutoff = -INF
         if cold_first:
             cold_cutoff = now - cold_age
-        _admit(i, now, m, M, SM, lm, chunk, max_seqs, host, oracle, ded_mode, cold_cutoff, inst_caps, inst_pcie, inst_xfer,
-               pcie_free, pend_tok, q_head, q_tail, q_len, run, n_run, chunk_q, p_arr, p_ttft, p_rem,
-               r_next, r_kind, r_ref, r_prompt, r_output, r_hist, r_hit, r_done, r_res, r_pend, r_arr, r_ready, r_ttft,
-               c_sess, c_switch, c_int, c_out, s_active, s_target, sticky, sm_hbm, sm_host, sm_eager,
-               ent, last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_t)
+        _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff)
         base_t = iteration_time(lm, float(iti[I_ND]), itf[F_DCTX], itf[F_PT], itf[F_PP], itf[F_PK], itf[F_NC])
         # ---------------- shadow chunks (Algorithm 1), lowest priority
-        sh_tok, stretch_branch, poll_wake, dur = _shadow_chunks(
-            i, now, m, M, lm, base_t, cap_t, shadow_mode, harvesting, ded_mode, host, top1, gate, margin, n_min,
-            cold_age, shadow_cap_frac, whole_copy, off, inst_caps, inst_dedicated, credit, q_head, jobs, n_jobs, s_active, s_cur,
-            s_target, c_model, c_pnext, c_top, d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem, sm_hbm, sm_host, ent,
-            last, lists, used, free_stack, nfree, gstats, itf, iti, reclaim_guard, reclaim_t, credit_gate)
+        sh_tok, stretch_branch, poll_wake, dur = _shadow_chunks(kn, cl, ca, st, i, now, m, lm, base_t, cap_t)
         if dur <= 0.0:
             # nothing runnable: sleep until a host reload completes or new work arrives
             if itf[F_NEXT_READY] < INF:
@@ -1618,19 +1710,11 @@ def simulate(pol, par, lms, model_tpot, tok_time,
                 inst_next[i] = INF
             continue
         t_end = now + dur
-        _account_iteration(i, now, t_end, dur, base_t, sh_tok, stretch_branch, lm, cap_t, delta, shadow_mode, warm,
-                           meas_end, p_idle, p_mem, p_max, inst_tp, credit, used, istats, gstats, itf, iti)
-        n_eager, nh, outstanding = _finish_iteration(
-            i, now, t_end, m, iti[I_NRUN], n_eager, nh, outstanding, M, C, Nn, RE, SM, harvesting, eager, ded_mode,
-            cache_normal, warm, meas_end, run, n_run, chunk_q, busy_until, inst_next, pend_tok, q_head, q_tail, q_len,
-            r_next, r_kind, r_ref, r_inst, r_arr, r_prompt, r_output, r_hist, r_done, r_gen, r_iters, r_first,
-            r_finish, r_ready, r_res, c_sess, c_gap, c_out, n_out, s_offsets, s_measured, s_active, s_cur, s_target,
-            sticky, n_sticky, sm_hbm, sm_host, sm_eager, ded_of, jobs, n_jobs, job_pos, ht, hv, ent, last, lists,
-            used, free_stack, nfree)
+        _account_iteration(kn, cl, st, i, m, now, t_end, dur, base_t, sh_tok, stretch_branch)
+        _finish_iteration(kn, ca, st, i, now, t_end, m, iti[I_NRUN])
         inst_next[i] = t_end
 
-    gstats[G_INVARIANT_ERRORS] = _check_invariants(ent, lists, used, inst_caps, nfree, sm_hbm, sm_host, run, n_run,
-                                                   r_res, M)
+    gstats[G_INVARIANT_ERRORS] = _check_invariants(st.kv, ins.run, ins.n_run, st.rq.r_res)
     # idle energy over the window, all GPUs
     W = meas_end - warm
     for i in range(I):
@@ -1638,4 +1722,3 @@ def simulate(pol, par, lms, model_tpot, tok_time,
     for c in range(C):
         c_int[c, 1] = max(c_int[c, 1], 0)
     gstats[G_END_TIME] = now
-    return c_out, c_int, n_out, istats, gstats

@@ -492,11 +492,12 @@ def _normal_only(lm: LatencyModel, config: ClusterConfig, kv_cap: int, rate: flo
     par = _params(config, Policy("No Shadow"), warm_s, duration_s, duration_s * 3 + 600)
     e = np.zeros(0, np.int64)
     ef = np.zeros(0, np.float64)
-    out = _k.simulate(pol, par, lms, np.array([_model_tpot(lm, config)]), np.array([_tok_time(lm, config)]),
-                      np.zeros(1, np.int64), np.array([[kv_cap, 0]], np.int64), np.zeros(1), np.ones(1),
-                      np.zeros(1, np.bool_), np.zeros(1), t, inst, p, o, ttft, tpot,
-                      ef, np.zeros(1, np.int64), np.zeros(0, np.bool_), e, e, e, e, e, ef, np.zeros(0, np.bool_),
-                      ef, ef, np.zeros((0, 1)), e)
+    cluster = _k.Cluster(lms, np.array([_model_tpot(lm, config)]), np.array([_tok_time(lm, config)]),
+                         np.zeros(1, np.int64), np.array([[kv_cap, 0]], np.int64), np.zeros(1), np.ones(1),
+                         np.zeros(1, np.bool_), np.zeros(1))
+    calls = _k.Calls(ef, np.zeros(1, np.int64), np.zeros(0, np.bool_), e, e, e, e, e, ef, np.zeros(0, np.bool_),
+                     ef, ef, np.zeros((0, 1)), e)
+    out = _k.simulate(pol, par, cluster, _k.Normals(t, inst, p, o, ttft, tpot), calls)
     n_out = out[2]
     m = (t >= warm_s) & (t < duration_s)
     if not m.any():
@@ -641,9 +642,11 @@ def simulate_cluster(sessions: SessionSet, config: ClusterConfig = ClusterConfig
     par = _params(config, policy, warm, meas_end, t_max)
     t0 = time.perf_counter()
     c_out, c_int, n_out, istats, gstats = _k.simulate(
-        pol, par, lm_mat, model_tpot, tok_time, inst_model, inst_caps, inst_pcie, inst_tp, inst_ded, inst_xfer,
-        nt, ni, npr, no, n_ttft, n_tpot, sched.start_s, offsets, sched.measured, csess, c_model, c_prompt,
-        c_hist, c_output, c_gap, c_switch, c_ttft, c_tpot, c_pnext, c_top)
+        pol, par, _k.Cluster(lm_mat, model_tpot, tok_time, inst_model, inst_caps, inst_pcie, inst_tp, inst_ded,
+                             inst_xfer),
+        _k.Normals(nt, ni, npr, no, n_ttft, n_tpot),
+        _k.Calls(sched.start_s, offsets, sched.measured, csess, c_model, c_prompt, c_hist, c_output, c_gap,
+                 c_switch, c_ttft, c_tpot, c_pnext, c_top))
     wall = time.perf_counter() - t0
     prices = config.prices or tuple((1.0, 1.0) for _ in range(M))
     pin = np.array([float(p[0]) for p in prices])[c_model]

@@ -227,21 +227,19 @@ def apply_token_sources(offsets, first_steps, is_ref, start, mcap, table, stats)
     for r in range(start, n):
         step = first_steps[r]
         for t in range(offsets[r], offsets[r + 1]):
-            if is_ref[t]:
-                code = apply_record(r, step, 0, 1, 0.0, mcap, table, stats)
-                if code == -1:
-                    return r
-                if code != 0:
-                    return -code
-                step += 1
-                code = apply_record(r, step, 1, 0, 1.0, mcap, table, stats)
-            else:
-                code = apply_record(r, step, 0, 0, 1.0, mcap, table, stats)
-                if code == -1:
-                    return r
+            ref = is_ref[t]
+            # model 0's step: commits the token, or (a reference token) hands over committing nothing
+            code = apply_record(r, step, 0, 1 if ref else 0, 0.0 if ref else 1.0, mcap, table, stats)
+            if code == -1:
+                return r
             if code != 0:
                 return -code
             step += 1
+            if ref:  # model 1's step commits it
+                code = apply_record(r, step, 1, 0, 1.0, mcap, table, stats)
+                if code != 0:
+                    return -code
+                step += 1
         code = apply_record(r, step, 0, -1, 1.0, mcap, table, stats)
         if code != 0:
             return -code

@@ -25,6 +25,7 @@ from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, a
                          emit, format_table, note, output_format, parse_int_ranges, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
+from tr_core.units import positive_number
 
 MAX_PROFILED_STEPS = 1_000_000  # timed + warm-up steps of one tr-profile run
 MAX_BATCH_SIZES = 256
@@ -54,13 +55,8 @@ def _delta(text: str | None) -> float | str:
         return 0.1
     if text == "auto":
         return "auto"
-    try:
-        v = float(text)
-    except ValueError:
-        raise SpecError(f"--delta-ms must be a number of ms > 0 or 'auto', got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise SpecError(f"--delta-ms must be a finite number of ms > 0, got {text!r}")
-    return v
+    return positive_number(text, error=SpecError, not_a_number="--delta-ms must be a number of ms > 0 or 'auto'",
+                           not_positive="--delta-ms must be a finite number of ms > 0")
 
 
 def _cell(v: Any) -> str:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 import time
@@ -47,8 +46,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from profiler.trace import TraceAccumulator, TraceError
-from tr_core.fileio import DuplicateKey, loads_strict
-from tr_core.routing_trace import open_trace, read_error
+from tr_core.fileio import decode_json
+from tr_core.routing_trace import RequestOffsets, open_trace, read_error
 
 SOURCES = {"quick": 0, "reference": 1}
 REQUIRED = ("source_model", "position")
@@ -61,7 +60,7 @@ __all__ = ["SOURCES", "REQUIRED", "R2RRequests", "read_r2r", "r2r_accumulator", 
 
 
 @dataclass(frozen=True, eq=False)
-class R2RRequests:
+class R2RRequests(RequestOffsets):
     """Requests of R2R records as flat arrays: request r owns tokens ``offsets[r]:offsets[r+1]``."""
 
     offsets: np.ndarray  # int64, n_requests + 1
@@ -70,10 +69,6 @@ class R2RRequests:
     request_ids: tuple  # (file, id or None) per request
     rows: int
     files: tuple
-
-    @property
-    def n_requests(self) -> int:
-        return int(self.offsets.shape[0] - 1)
 
     @property
     def n_tokens(self) -> int:
@@ -152,36 +147,12 @@ def _json_rows(path: str) -> Iterator[tuple[str, dict, tuple]]:
         except (OSError, EOFError, zlib.error) as e:
             raise read_error(path, e) from None
     if data.lstrip()[:1] == b"[":  # a JSON array of records (to_json(orient="records"))
-        try:
-            records = loads_strict(data)
-        except DuplicateKey as e:
-            raise TraceError(f"{path}: the key {_show(e.key)} appears twice in one record (each key once)") from None
-        except UnicodeDecodeError:
-            raise TraceError(f"{path}: not valid UTF-8") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-        except (RecursionError, ValueError) as e:
-            raise TraceError(f"{path}: not a valid JSON array of records ({type(e).__name__})") from None
-        for k, obj in enumerate(records, start=1):
-            where = f"{path}: record {k}"
-            if not isinstance(obj, dict):
-                raise TraceError(f"{where}: a record must be a JSON object, got {_show(obj)}")
-            yield where, obj, tuple(obj)
-        return
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = loads_strict(raw)
-        except DuplicateKey as e:
-            raise TraceError(f"{where}: the key {_show(e.key)} appears twice in the record (each key once)") from None
-        except UnicodeDecodeError:
-            raise TraceError(f"{where}: not valid UTF-8") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        except (RecursionError, ValueError) as e:
-            raise TraceError(f"{where}: not a valid record ({type(e).__name__})") from None
+        records = decode_json(data, path, "JSON array of records", error=TraceError, at_line=True)
+        items = ((f"{path}: record {k}", obj) for k, obj in enumerate(records, start=1))
+    else:  # JSON lines
+        items = ((f"{path}:{k}", decode_json(raw, f"{path}:{k}", "record", error=TraceError))
+                 for k, raw in enumerate(data.split(b"\n"), start=1) if raw.strip())
+    for where, obj in items:
         if not isinstance(obj, dict):
             raise TraceError(f"{where}: a record must be a JSON object, got {_show(obj)}")
         yield where, obj, tuple(obj)

@@ -65,31 +65,15 @@ def shared_vocab_size(models: Sequence[Any], allow_mismatch: bool = False) -> in
 
 def load_prompts(path: str, tokenizer_path: str | None, vocab: int) -> list[list[int]]:
     """Prompts from JSONL: ``{"input_ids": [...]}``, ``{"text": "..."}``, a bare id list or a bare string."""
-    from tr_core.fileio import require_regular_file
-    require_regular_file(path, "prompts file", error=ProfileError)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        raise ProfileError(f"prompts file {path!r} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"prompts file {path!r} is not valid UTF-8 (byte {e.start})") from None
-    except OSError as e:
-        raise ProfileError(f"cannot read prompts file {path!r}: {e.strerror or e}") from None
+    from tr_core.fileio import decode_json, read_text
+    lines = read_text(path, "prompts file", error=ProfileError, max_bytes=None).split("\n")
     tok = None
     out: list[list[int]] = []
     for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}:{k}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{where}: not valid JSON ({e.msg})") from None
-        except RecursionError:
-            raise ProfileError(f"{where}: JSON nested too deeply for a prompt") from None
-        except ValueError as e:  # e.g. an integer with too many digits
-            raise ProfileError(f"{where}: not a valid prompt ({str(e).splitlines()[0][:80]})") from None
+        obj = decode_json(line, where, "prompt", error=ProfileError, loads=json.loads)
         if isinstance(obj, dict):
             if "input_ids" in obj:
                 obj = obj["input_ids"]

@@ -106,18 +106,20 @@ def require_regular_file(path: str | os.PathLike, what: str, *, error: type[Exce
     return st
 
 
-def _check_readable(path: str, what: str, error: type[Exception]) -> None:
-    """Refuse what is not a regular file of sensible size before opening it (a device or pipe could block
-    or never end)."""
+def _check_readable(path: str, what: str, error: type[Exception], max_bytes: int | None = MAX_JSON_BYTES) -> None:
+    """Refuse what is not a regular file of sensible size (``max_bytes``; None: any size) before opening it
+    (a device or pipe could block or never end)."""
     st = require_regular_file(path, what, error=error)
-    if st.st_size > MAX_JSON_BYTES:
-        raise error(f"{what} {path!r} is {st.st_size:,} bytes, more than {MAX_JSON_BYTES:,}; not a {what}")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise error(f"{what} {path!r} is {st.st_size:,} bytes, more than {max_bytes:,}; not a {what}")
 
 
-def read_text(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError) -> str:
-    """A small UTF-8 text file; a missing, unreadable or non-regular file raises ``error`` with one line."""
+def read_text(path: str | os.PathLike, what: str, *, error: type[Exception] = SpecError,
+              max_bytes: int | None = MAX_JSON_BYTES) -> str:
+    """A UTF-8 text file of at most ``max_bytes`` (None: any size); a missing, unreadable, non-regular or
+    too large file raises ``error`` with one line."""
     path = os.fspath(path)
-    _check_readable(path, what, error)
+    _check_readable(path, what, error, max_bytes)
     try:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()
@@ -158,6 +160,30 @@ def loads_strict(text: str, **kw):
     """``json.loads`` refusing duplicate keys (raises :class:`DuplicateKey`, a ``ValueError``)."""
     import json
     return json.loads(text, object_pairs_hook=unique_keys, **kw)
+
+
+def decode_json(raw: str | bytes, where: str, what: str, *, error: type[Exception] = SpecError,
+                loads: Callable[[Any], Any] = loads_strict, at_line: bool = False) -> Any:
+    """One JSON value (a line of a file, or a small document) with one error line starting with ``where`` for
+    each way it can fail: a key given twice in one object (with the default ``loads``), not UTF-8, not JSON
+    (with the column; with ``at_line`` also the line, ``where:LINE``, for a document of several lines), JSON
+    nested too deeply for a ``what``, a number too long to read.  The one decoder of JSON lines: routing
+    traces, R2R records, prompts files."""
+    import json
+    from tr_core.errors import short_repr
+    try:
+        return loads(raw)
+    except DuplicateKey as e:
+        raise error(f"{where}: the key {short_repr(e.key)} appears twice in one object (each key once)") from None
+    except UnicodeDecodeError:
+        raise error(f"{where}: not valid UTF-8") from None
+    except json.JSONDecodeError as e:
+        at = f"{where}:{e.lineno}" if at_line else where
+        raise error(f"{at}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply for a {what}") from None
+    except ValueError as e:  # e.g. an integer with too many digits
+        raise error(f"{where}: not a valid {what} ({str(e).splitlines()[0][:80]})") from None
 
 
 def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError):

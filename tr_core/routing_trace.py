@@ -86,7 +86,7 @@ RULE_TEXT = {
 }
 
 __all__ = ["TRACE_SCHEMA_VERSION", "FIELDS", "MAX_MODELS", "RULE_TEXT", "TraceError", "TraceRecord",
-           "RoutingTrace", "validate_record", "Sequencer", "open_trace", "iter_records", "read_trace",
+           "RequestOffsets", "RoutingTrace", "validate_record", "Sequencer", "open_trace", "iter_records", "read_trace",
            "trace_from_records", "format_record", "write_trace", "RoutingTraceRecorder", "trace_schema_path"]
 
 
@@ -103,8 +103,19 @@ class TraceRecord:
     committed_tokens: float
 
 
+class RequestOffsets:
+    """Requests stored as flat arrays: request ``r`` owns positions ``offsets[r]:offsets[r+1]`` (the base of
+    :class:`RoutingTrace` and the profiler's R2R requests)."""
+
+    __slots__ = ()
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+
 @dataclass(frozen=True, eq=False)
-class RoutingTrace:
+class RoutingTrace(RequestOffsets):
     """Recorded requests as flat arrays (the form the simulator's kernels consume).
 
     Request ``r`` owns positions ``offsets[r]:offsets[r+1]`` of ``model``,
@@ -118,10 +129,6 @@ class RoutingTrace:
     request_ids: tuple = ()
     dropped_last_line: bool = False
     first_steps: tuple = ()  # the step number of each request's first line (empty: all 0)
-
-    @property
-    def n_requests(self) -> int:
-        return int(self.offsets.shape[0] - 1)
 
     @property
     def n_steps(self) -> int:
@@ -286,19 +293,8 @@ def read_error(path: str, e: BaseException) -> TraceError:
 
 def decode_line(raw: bytes, where: str) -> Any:
     """JSON of one line; errors name ``where``; a key given twice on the line is refused."""
-    from tr_core.fileio import DuplicateKey, loads_strict
-    try:
-        return loads_strict(raw)
-    except DuplicateKey as e:
-        raise TraceError(f"{where}: the key {_show(e.key)} appears twice on the line (each key once)") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{where}: not valid UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:
-        raise TraceError(f"{where}: JSON nested too deeply for a trace line") from None
-    except ValueError as e:  # e.g. an integer with too many digits
-        raise TraceError(f"{where}: not a valid trace line ({str(e).splitlines()[0][:80]})") from None
+    from tr_core.fileio import decode_json
+    return decode_json(raw, where, "trace line", error=TraceError)
 
 
 class _Lines:

@@ -25,4 +25,18 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: i
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * int(dtype_bytes)
 
 
-__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu"]
+def positive_number(text: str, *, error: type[Exception], not_a_number: str, not_positive: str) -> float:
+    """``float(text)`` when it is a finite number > 0 (a flag's value: ms, requests/s, ...); else ``error``
+    with ``not_a_number`` or ``not_positive`` (which name the flag and its unit) followed by
+    ``, got 'TEXT'``."""
+    import math
+    try:
+        v = float(text)
+    except ValueError:
+        raise error(f"{not_a_number}, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise error(f"{not_positive}, got {text!r}")
+    return v
+
+
+__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu", "positive_number"]

@@ -11,6 +11,8 @@ validate their inputs and document the math:
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
@@ -20,6 +22,17 @@ BRANCH_IDLE = 1
 BRANCH_ROUTED = 2
 BRANCH_SLACK = 3
 BRANCH_HARVEST = 4
+
+#: the batch :func:`shadow_budget` reads: decodes (first-token time s, iterations done, TPOT SLO s, context tokens),
+#: then prefill chunks (arrival s, TTFT SLO s, predicted remaining prefill s, chunk tokens, cached context tokens)
+BudgetBatch = namedtuple("BudgetBatch", "dec_first_token_s dec_iters dec_tpot_slo_s dec_context pf_arrival_s "
+                                        "pf_ttft_slo_s pf_remaining_s pf_tokens pf_context")
+#: the shadow job's cached context and the three caps on its chunk: free shadow KV, token budget, pending tokens
+ShadowRoom = namedtuple("ShadowRoom", "shadow_context free_shadow_kv token_room pending")
+#: controller parameters: iteration cap (x TPOT SLO), SLO margin, minimum chunk, fixed-credit (Harvest) mode
+Controller = namedtuple("Controller", "beta margin n_min harvest")
+#: what the slack branch of :func:`controller_bound` reads: the decode rows and prefill-chunk rows of the batch
+Slack = namedtuple("Slack", "dec_first dec_iters dec_tpot pf_arr pf_ttft pf_rem")
 
 
 @nb.njit(cache=True, inline="always")  # inlined into the budget's search loop: a call per probe costs ~4x
@@ -254,16 +267,10 @@ def call_latencies(lms, model, prompt, hits, output, chunk):
 
 
 @nb.njit(cache=True)
-def shadow_budget(now, dec_first_token_s, dec_iters, dec_tpot_slo_s, dec_context,
-                  pf_arrival_s, pf_ttft_slo_s, pf_remaining_s, pf_tokens, pf_context,
-                  queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s,
-                  shadow_context, free_shadow_kv, token_room, pending,
-                  beta, margin, n_min, harvest):
+def shadow_budget(now, batch, queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, room, ctl):
     """Shadow tokens for one iteration (module doc).
 
-    Decodes: ``dec_*`` arrays (first-token time s, iterations done, TPOT SLO s,
-    context tokens).  Prefill chunks: ``pf_*`` arrays (arrival s, TTFT SLO s,
-    predicted remaining prefill s, chunk tokens, cached context tokens).
+    ``batch``: a :data:`BudgetBatch`; ``room``: a :data:`ShadowRoom`; ``ctl``: a :data:`Controller`.
     ``queue_blocked``: the waiting queue is non-empty or an admission was
     blocked.  ``lm``: latency vector.  ``tpot_slo_s``: the instance's T.
 
@@ -271,8 +278,9 @@ def shadow_budget(now, dec_first_token_s, dec_iters, dec_tpot_slo_s, dec_context
     bound b of the branch taken, the branch code, and the predicted iteration
     time without and with the n shadow tokens.
     """
-    nd = dec_first_token_s.shape[0]
-    npf = pf_arrival_s.shape[0]
+    dec_context, pf_tokens, pf_context = batch.dec_context, batch.pf_tokens, batch.pf_context
+    nd = batch.dec_first_token_s.shape[0]
+    npf = batch.pf_arrival_s.shape[0]
     dctx = 0.0
     for r in range(nd):
         dctx += dec_context[r]
@@ -291,59 +299,75 @@ def shadow_budget(now, dec_first_token_s, dec_iters, dec_tpot_slo_s, dec_context
     base = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
     if queue_blocked:
         return 0, 0.0, BRANCH_QUEUE, base, base
-    cap_t = beta * tpot_slo_s
-    stretch = True
-    if nd + npf == 0:
-        b = cap_t
-        branch = BRANCH_IDLE
-        stretch = False
-    elif harvest:
-        b = min(credit_s, cap_t)
-        branch = BRANCH_HARVEST
-    elif routed_in_batch:
-        b = min(credit_s, cap_t)
-        branch = BRANCH_ROUTED
-    else:
-        b = cap_t
-        keep = 1.0 - margin
-        for r in range(nd):
-            s = keep * dec_tpot_slo_s[r] * (dec_iters[r] + 1) - (now - dec_first_token_s[r])
-            if s < b:
-                b = s
-        for r in range(npf):
-            s = keep * pf_ttft_slo_s[r] - (now - pf_arrival_s[r]) - pf_remaining_s[r]
-            if s < b:
-                b = s
-        branch = BRANCH_SLACK
-        stretch = False
-    limit = b + base if stretch else b
-    hi = token_room
-    if free_shadow_kv < hi:
-        hi = free_shadow_kv
-    if pending < hi:
-        hi = pending
-    if hi < n_min or b <= 0.0:
+    slack = Slack(batch.dec_first_token_s, batch.dec_iters, batch.dec_tpot_slo_s, batch.pf_arrival_s,
+                  batch.pf_ttft_slo_s, batch.pf_remaining_s)
+    b, branch, limit = controller_bound(now, nd + npf == 0, ctl.harvest, routed_in_batch, credit_s,
+                                        ctl.beta * tpot_slo_s, base, slack, nd, npf, ctl.margin)
+    hi = min(room.token_room, room.free_shadow_kv, room.pending)
+    if hi < ctl.n_min or b <= 0.0:
         return 0, b, branch, base, base
-    sc = float(shadow_context)
-    ndf = float(nd)
-    # t(B + n): the shadow chunk adds n tokens over sc cached ones, and no logits row
-    t_hi = iteration_time(lm, ndf, dctx, pt + hi, pp + hi * (sc + (hi + 1) * 0.5), pk + sc + hi, nc)
+    n, t = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(room.shadow_context), hi, ctl.n_min, limit)
+    if t < 0.0:
+        return 0, b, branch, base, base
+    return n, b, branch, base, t
+
+
+@nb.njit(cache=True)
+def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, slack, nd, npf, margin):
+    """Algorithm 1's branch for a batch whose iteration takes ``base`` s: ``(b, branch, limit on t(B + n))``.
+
+    ``slack``: a :data:`Slack` whose first ``nd`` decode rows and ``npf`` prefill rows are the batch; ``cap_t``:
+    beta times the TPOT SLO.  The credit branches bound the stretch, so their limit is ``base + b``.
+    """
+    if empty:
+        return cap_t, BRANCH_IDLE, cap_t
+    if harvest:
+        b = min(credit_s, cap_t)
+        return b, BRANCH_HARVEST, base + b
+    if routed:
+        b = min(credit_s, cap_t)
+        return b, BRANCH_ROUTED, base + b
+    dec_first, dec_iters, dec_tpot = slack.dec_first, slack.dec_iters, slack.dec_tpot
+    pf_arr, pf_ttft, pf_rem = slack.pf_arr, slack.pf_ttft, slack.pf_rem
+    b = cap_t
+    keep = 1.0 - margin
+    for r in range(nd):
+        s = keep * dec_tpot[r] * (dec_iters[r] + 1) - (now - dec_first[r])
+        if s < b:
+            b = s
+    for r in range(npf):
+        s = keep * pf_ttft[r] - (now - pf_arr[r]) - pf_rem[r]
+        if s < b:
+            b = s
+    return b, BRANCH_SLACK, b
+
+
+@nb.njit(cache=True)
+def largest_fit(lm, nd, dctx, pt, pp, pk, nc, sc, hi, n_min, limit):
+    """Largest n in [n_min, hi] with t(B + n shadow tokens over sc cached) <= limit, and that time.
+
+    The batch B is given by its features (``nd`` decodes over ``dctx`` context; ``pt`` prefill tokens, ``pp``
+    pairs, ``pk`` KV read, ``nc`` chunks).  The shadow chunk adds no logits row.  ``(0, -1.0)`` when none fits.
+    """
+    if hi < n_min:
+        return 0, -1.0
+    t_hi = iteration_time(lm, nd, dctx, pt + hi, pp + hi * (sc + (hi + 1) * 0.5), pk + sc + hi, nc)
     if t_hi <= limit:
-        return hi, b, branch, base, t_hi
+        return hi, t_hi
     lo = n_min
-    t_lo = iteration_time(lm, ndf, dctx, pt + lo, pp + lo * (sc + (lo + 1) * 0.5), pk + sc + lo, nc)
+    t_lo = iteration_time(lm, nd, dctx, pt + lo, pp + lo * (sc + (lo + 1) * 0.5), pk + sc + lo, nc)
     if t_lo > limit:
-        return 0, b, branch, base, base
+        return 0, -1.0
     # invariant: t(lo) <= limit < t(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        t_mid = iteration_time(lm, ndf, dctx, pt + mid, pp + mid * (sc + (mid + 1) * 0.5), pk + sc + mid, nc)
+        t_mid = iteration_time(lm, nd, dctx, pt + mid, pp + mid * (sc + (mid + 1) * 0.5), pk + sc + mid, nc)
         if t_mid <= limit:
             lo = mid
             t_lo = t_mid
         else:
             hi = mid
-    return lo, b, branch, base, t_lo
+    return lo, t_lo
 
 
 @nb.njit(cache=True)

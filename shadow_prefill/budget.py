@@ -40,8 +40,11 @@ that carry a routed call; Harvest (no SLO controller) uses delta = 0.1 on
 every busy iteration (``harvest=True``).
 
 Both functions are numba-compiled and allocation-free, so a simulator or a
-scheduler loop in compiled code can call them every iteration; the Python
-wrapper :func:`decide_shadow_tokens` takes dataclasses instead of arrays.
+scheduler loop in compiled code can call them every iteration;
+:func:`shadow_budget` takes its batch, room and controller parameters as
+records (:data:`BudgetBatch`, :data:`ShadowRoom`, :data:`Controller`: named
+tuples of arrays and scalars).  The Python wrapper
+:func:`decide_shadow_tokens` takes dataclasses instead, and validates them.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from shadow_prefill.latency import LatencyModel
 
 __all__ = ["BudgetParams", "HARVEST_SLO", "HARVEST", "Decode", "PrefillChunk", "BudgetDecision", "CreditAccount",
            "shadow_budget", "credit_update", "decide_shadow_tokens", "BRANCH_QUEUE", "BRANCH_IDLE", "BRANCH_ROUTED",
-           "BRANCH_SLACK", "BRANCH_HARVEST", "BRANCH_NAMES", "NO_LIMIT"]
+           "BRANCH_SLACK", "BRANCH_HARVEST", "BRANCH_NAMES", "NO_LIMIT", "BudgetBatch", "ShadowRoom", "Controller"]
 
 BRANCH_QUEUE = _k.BRANCH_QUEUE
 BRANCH_IDLE = _k.BRANCH_IDLE
@@ -93,9 +96,15 @@ class BudgetParams:
 HARVEST_SLO = BudgetParams()
 HARVEST = BudgetParams(delta=0.1, harvest=True)
 
-#: the compiled forms, for schedulers and simulators written in numba (arguments in the kernels' docstrings)
+#: the compiled forms, for schedulers and simulators written in numba (arguments in the kernels' docstrings):
+#: ``shadow_budget(now, BudgetBatch, queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, ShadowRoom,
+#: Controller) -> (n, budget_s, branch, base_s, with_shadow_s)``
 shadow_budget = _k.shadow_budget
 credit_update = _k.credit_update
+#: the records :func:`shadow_budget` takes (named tuples of arrays and scalars, built in Python or compiled code)
+BudgetBatch = _k.BudgetBatch
+ShadowRoom = _k.ShadowRoom
+Controller = _k.Controller
 
 
 @dataclass(frozen=True)
@@ -151,17 +160,17 @@ def decide_shadow_tokens(now: float, decodes: Sequence[Decode], chunks: Sequence
     if not (math.isfinite(tpot_slo_s) and tpot_slo_s > 0):
         raise ShadowError(f"the TPOT SLO must be > 0 s, got {tpot_slo_s!r}")
     f8 = np.float64
-    n, b, br, base, t = shadow_budget(
-        float(now),
+    batch = BudgetBatch(
         np.array([d.first_token_s for d in decodes], dtype=f8), np.array([d.iterations for d in decodes], dtype=f8),
         np.array([d.tpot_slo_s for d in decodes], dtype=f8), np.array([d.context for d in decodes], dtype=f8),
         np.array([c.arrival_s for c in chunks], dtype=f8), np.array([c.ttft_slo_s for c in chunks], dtype=f8),
         np.array([c.remaining_s for c in chunks], dtype=f8), np.array([c.tokens for c in chunks], dtype=f8),
-        np.array([c.context for c in chunks], dtype=f8),
-        bool(queue_nonempty or admission_blocked), bool(routed_in_batch), float(credit_s), lm.params,
-        float(tpot_slo_s), int(shadow_context), _limit(free_shadow_kv), _limit(token_budget_left),
-        _limit(pending_shadow_tokens), float(params.beta), float(params.margin), int(params.n_min),
-        bool(params.harvest))
+        np.array([c.context for c in chunks], dtype=f8))
+    room = ShadowRoom(int(shadow_context), _limit(free_shadow_kv), _limit(token_budget_left),
+                      _limit(pending_shadow_tokens))
+    ctl = Controller(float(params.beta), float(params.margin), int(params.n_min), bool(params.harvest))
+    n, b, br, base, t = shadow_budget(float(now), batch, bool(queue_nonempty or admission_blocked),
+                                      bool(routed_in_batch), float(credit_s), lm.params, float(tpot_slo_s), room, ctl)
     return BudgetDecision(int(n), float(b), BRANCH_NAMES[int(br)], float(base), float(t))
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shadow_prefill.budget import (HARVEST, HARVEST_SLO, BudgetParams, CreditAccount, Decode, PrefillChunk,
-                                   credit_update, decide_shadow_tokens, shadow_budget)
+from shadow_prefill.budget import (HARVEST, HARVEST_SLO, BudgetBatch, BudgetParams, Controller, CreditAccount, Decode,
+                                   PrefillChunk, ShadowRoom, credit_update, decide_shadow_tokens, shadow_budget)
 from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import LM_SIZE, LatencyModel, build_roofline
 
@@ -138,10 +138,10 @@ def test_roofline_answer_is_the_largest_feasible():
     # one token more is infeasible: asking for a minimum chunk of n + 1 yields nothing
     assert decide_shadow_tokens(1.2, dec, ch, params=BudgetParams(n_min=d.tokens + 1), **kw).tokens == 0
     # the same through the array kernel
-    n, b, br, base, t = shadow_budget(
-        1.2, np.zeros(16), np.full(16, 60.0), np.full(16, tpot), np.array([x.context for x in dec], float),
-        np.array([1.0]), np.array([2.0]), np.array([0.05]), np.array([100.0]), np.array([4000.0]),
-        False, False, 0.0, lm.params, tpot, 8000, 1 << 40, 1 << 40, 1 << 40, 0.5, 0.1, 1, False)
+    batch = BudgetBatch(np.zeros(16), np.full(16, 60.0), np.full(16, tpot), np.array([x.context for x in dec], float),
+                        np.array([1.0]), np.array([2.0]), np.array([0.05]), np.array([100.0]), np.array([4000.0]))
+    n, b, br, base, t = shadow_budget(1.2, batch, False, False, 0.0, lm.params, tpot,
+                                      ShadowRoom(8000, 1 << 40, 1 << 40, 1 << 40), Controller(0.5, 0.1, 1, False))
     assert (n, br) == (d.tokens, 3) and t == pytest.approx(d.with_shadow_s) and base == pytest.approx(d.base_s)
 
 

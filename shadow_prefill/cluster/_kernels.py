@@ -1,11 +1,14 @@
 """Compiled kernels of :mod:`shadow_prefill.cluster` (the subpackage's only numba module).
 
-Everything the simulator runs per iteration lives here, because compiled
-functions that call each other must share one module for numba's on-disk
-cache to stay coherent.  The iteration-latency function and Algorithm 1 are
-therefore re-stated here over the same latency vector as
-:mod:`shadow_prefill.latency` / :mod:`shadow_prefill.budget`; the tests check
-both against part 1's compiled functions on random batches.
+The simulator calls part 1's compiled latency model and Algorithm 1
+(:mod:`shadow_prefill._kernels`: ``iteration_time``, ``controller_bound``,
+``largest_fit``, ``credit_update``, ...) rather than copies of them.  numba's
+on-disk cache checks only the file of the function it compiled, so an edit
+there would leave this module's cached machine code stale:
+:data:`PART1_SOURCE_SHA256` pins the source of every part 1 kernel used here
+(``tests/test_shadow_cluster_kernels.py`` checks it), and updating it after
+such an edit is an edit of this file, which recompiles it.  Everything else the
+simulator runs per iteration lives here, for the same reason.
 
 The simulation model (state, events, policies, metrics) is documented in
 :mod:`shadow_prefill.cluster.sim` and ``docs/shadow_cluster.md``; comments
@@ -19,7 +22,15 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
+from shadow_prefill._kernels import (BRANCH_HARVEST, BRANCH_IDLE, BRANCH_ROUTED, Slack, controller_bound, credit_update,
+                                     decode_time, iteration_time, largest_fit, prefill_time)
+
 INF = np.inf
+
+#: part 1's kernels (and records, constants) compiled into this module's kernels
+PART1_KERNELS = ("iteration_time", "prefill_time", "decode_time", "controller_bound", "largest_fit", "credit_update")
+#: SHA-256 of their source (see the module doc); ``tests/test_shadow_cluster_kernels.py`` says the new value
+PART1_SOURCE_SHA256 = "e4476f6265400f240779d46178dc4348b8af1fc8cc31980f4938b11fc4b79742"
 
 # ---- policy vector (int64) indices
 P_SHADOW = 0        # 0 none, 1 harvest (fixed credit), 2 harvest-slo, 3 dedicated, 4 eager
@@ -146,51 +157,16 @@ Instances = namedtuple("Instances", "q_head q_tail q_len pend_tok run n_run inst
 Cache = namedtuple("Cache", "ent last lists used caps sm_hbm sm_host free_stack nfree")
 #: per session (and session-model): sticky instances, shadow targets, shadow jobs; the call-issue heap
 Sessions = namedtuple("Sessions", "sticky n_sticky sm_eager s_target s_cur s_active jobs n_jobs job_pos ded_of ht hv")
-#: what the SLO controller reads of a batch: decodes (first token s, iterations, TPOT SLO s), then prefill
-#: chunks (arrival s, TTFT SLO s, predicted remaining prefill s)
-Slack = namedtuple("Slack", "dec_first dec_iters dec_tpot pf_arr pf_ttft pf_rem")
-#: per-iteration scratch: the batch's slack rows, chunk sizes per running request, running sums (see F_*, I_*)
+#: per-iteration scratch: the batch's slack rows (part 1's ``Slack``: what the SLO controller reads of the
+#: batch), chunk sizes per running request, running sums (see F_*, I_*)
 Scratch = namedtuple("Scratch", "slack chunk_q itf iti")
 #: the outputs: per call, per normal request, per instance (S_*) and global (G_*)
 Stats = namedtuple("Stats", "c_out c_int n_out istats gstats")
 #: everything a run mutates
 State = namedtuple("State", "rq inst kv sess scr acc cnt")
-#: :func:`budget_tokens`'s batch (part 1's ``shadow_budget`` contract): decode rows, then prefill-chunk rows
-Batch = namedtuple("Batch", "dec_first dec_iters dec_tpot dec_ctx pf_arr pf_ttft pf_rem pf_tok pf_ctx")
-#: the shadow job's cached context and the three caps on its chunk (free KV, token budget, pending tokens)
-Room = namedtuple("Room", "shadow_context free_kv room pending")
-#: controller parameters of :func:`budget_tokens`
-Controller = namedtuple("Controller", "beta margin n_min harvest")
 
 
-# ============================================================================ latency (mirror of part 1)
-
-@nb.njit(cache=True)
-def iteration_time(lm, n_decode, decode_context, prefill_tokens, prefill_pairs, prefill_kv, n_chunks):
-    """Seconds of one iteration (same vector and formula as ``shadow_prefill.latency``)."""
-    T = n_decode + prefill_tokens
-    if T <= 0:
-        return 0.0
-    if lm[0] == 1.0:
-        return lm[1] + lm[2] * n_decode + lm[3] * decode_context + lm[4] * prefill_tokens + lm[5] * prefill_pairs
-    F = lm[6]
-    B = lm[7]
-    gemm = max(T * lm[2] / F, lm[3] / B)
-    pre = 0.0
-    if prefill_tokens > 0:
-        pre = max(prefill_pairs * lm[4] / F, prefill_kv * lm[5] / B)
-    dec = 0.0
-    if n_decode > 0:
-        dec = max(decode_context * lm[4] / F, decode_context * lm[5] / B)
-    ar = 0.0
-    if lm[8] > 0.0 or lm[9] > 0.0:
-        ar = 2.0 * (lm[8] + T * lm[9])
-    rows = n_decode + n_chunks
-    head = 0.0
-    if rows > 0:
-        head = max(rows * lm[10] / F, lm[11] / B)
-    return lm[1] * (gemm + pre + dec + ar) + head + lm[12] + n_decode * lm[13]
-
+# ============================================================================ latency (part 1's model)
 
 @nb.njit(cache=True)
 def compute_seconds(lm, n_decode, decode_context, prefill_tokens, prefill_pairs, n_chunks):
@@ -203,24 +179,6 @@ def compute_seconds(lm, n_decode, decode_context, prefill_tokens, prefill_pairs,
 
 
 @nb.njit(cache=True)
-def prefill_time(lm, tokens, cached, chunk):
-    """Isolated chunked prefill of ``tokens`` after ``cached`` ones."""
-    t = 0.0
-    done = 0
-    while done < tokens:
-        q = min(chunk, tokens - done)
-        c = cached + done
-        t += iteration_time(lm, 0.0, 0.0, float(q), q * (c + (q + 1) * 0.5), float(c + q), 1.0)
-        done += q
-    return t
-
-
-@nb.njit(cache=True)
-def decode_time(lm, batch, context):
-    return iteration_time(lm, float(batch), float(batch) * context, 0.0, 0.0, 0.0, 0.0)
-
-
-@nb.njit(cache=True)
 def request_slos(lm, prompt, chunk, ttft_floor, ttft_mult, tpot_floor, tpot_mult, scale):
     """Per-request SLOs: TTFT <= max(1 s, 5 x isolated prefill), TPOT <= max(25 ms, 5 x batch-1 decode)."""
     n = prompt.shape[0]
@@ -230,97 +188,6 @@ def request_slos(lm, prompt, chunk, ttft_floor, ttft_mult, tpot_floor, tpot_mult
         ttft[i] = scale * max(ttft_floor, ttft_mult * prefill_time(lm, prompt[i], 0, chunk))
         tpot[i] = scale * max(tpot_floor, tpot_mult * decode_time(lm, 1, float(prompt[i])))
     return ttft, tpot
-
-
-@nb.njit(cache=True)
-def largest_fit(lm, nd, dctx, pt, pp, pk, nc, sc, hi, n_min, limit):
-    """Largest n in [n_min, hi] with t(B + n shadow tokens over sc cached) <= limit, else 0; and that time."""
-    if hi < n_min:
-        return 0, 0.0
-    t_hi = iteration_time(lm, nd, dctx, pt + hi, pp + hi * (sc + (hi + 1) * 0.5), pk + sc + hi, nc)
-    if t_hi <= limit:
-        return hi, t_hi
-    lo = n_min
-    t_lo = iteration_time(lm, nd, dctx, pt + lo, pp + lo * (sc + (lo + 1) * 0.5), pk + sc + lo, nc)
-    if t_lo > limit:
-        return 0, 0.0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        t_mid = iteration_time(lm, nd, dctx, pt + mid, pp + mid * (sc + (mid + 1) * 0.5), pk + sc + mid, nc)
-        if t_mid <= limit:
-            lo = mid
-            t_lo = t_mid
-        else:
-            hi = mid
-    return lo, t_lo
-
-
-@nb.njit(cache=True)
-def budget_tokens(now, batch, queue_blocked, routed_in_batch, credit_s, lm, tpot_slo_s, room, ctl):
-    """Algorithm 1 for one shadow chunk; same contract as part 1's ``shadow_budget`` (returns n, b, branch).
-
-    ``batch``: a :data:`Batch`; ``room``: a :data:`Room`; ``ctl``: a :data:`Controller`.
-    """
-    dec_first, dec_iters, dec_tpot, dec_ctx = batch.dec_first, batch.dec_iters, batch.dec_tpot, batch.dec_ctx
-    pf_arr, pf_ttft, pf_rem, pf_tok, pf_ctx = batch.pf_arr, batch.pf_ttft, batch.pf_rem, batch.pf_tok, batch.pf_ctx
-    beta, margin, n_min, harvest = ctl.beta, ctl.margin, ctl.n_min, ctl.harvest
-    nd = dec_first.shape[0]
-    npf = pf_arr.shape[0]
-    dctx = 0.0
-    for r in range(nd):
-        dctx += dec_ctx[r]
-    pt = 0.0
-    pp = 0.0
-    pk = 0.0
-    nc = 0.0
-    for r in range(npf):
-        q = pf_tok[r]
-        if q > 0:
-            c = pf_ctx[r]
-            pt += q
-            pp += q * (c + (q + 1) * 0.5)
-            pk += c + q
-            nc += 1.0
-    base = iteration_time(lm, float(nd), dctx, pt, pp, pk, nc)
-    if queue_blocked:
-        return 0, 0.0, 0
-    slack = Slack(dec_first, dec_iters, dec_tpot, pf_arr, pf_ttft, pf_rem)
-    b, branch, limit = controller_bound(now, nd + npf == 0, harvest, routed_in_batch, credit_s, beta * tpot_slo_s,
-                                        base, slack, nd, npf, margin)
-    hi = min(room.room, room.free_kv, room.pending)
-    if b <= 0.0:
-        return 0, b, branch
-    n, _t = largest_fit(lm, float(nd), dctx, pt, pp, pk, nc, float(room.shadow_context), hi, n_min, limit)
-    return n, b, branch
-
-
-@nb.njit(cache=True)
-def controller_bound(now, empty, harvest, routed, credit_s, cap_t, base, slack, nd, npf, margin):
-    """(b, branch, limit on t(B + n)): branches 1 idle, 2 routed credit, 3 SLO slack, 4 harvest credit.
-
-    ``slack``: a :data:`Slack` whose first ``nd`` decode rows and ``npf`` prefill rows are the batch.
-    """
-    if empty:
-        return cap_t, 1, cap_t
-    if harvest:
-        b = min(credit_s, cap_t)
-        return b, 4, base + b
-    if routed:
-        b = min(credit_s, cap_t)
-        return b, 2, base + b
-    dec_first, dec_iters, dec_tpot = slack.dec_first, slack.dec_iters, slack.dec_tpot
-    pf_arr, pf_ttft, pf_rem = slack.pf_arr, slack.pf_ttft, slack.pf_rem
-    b = cap_t
-    keep = 1.0 - margin
-    for r in range(nd):
-        s = keep * dec_tpot[r] * (dec_iters[r] + 1) - (now - dec_first[r])
-        if s < b:
-            b = s
-    for r in range(npf):
-        s = keep * pf_ttft[r] - (now - pf_arr[r]) - pf_rem[r]
-        if s < b:
-            b = s
-    return b, 3, b
 
 
 # ============================================================================ cache entries
@@ -641,6 +508,15 @@ def _enqueue(r_next, q_head, q_tail, q_len, i, r):
 
 
 @nb.njit(cache=True)
+def _dequeue(r_next, q_head, q_tail, q_len, i):
+    """Remove the head of instance ``i``'s FIFO."""
+    q_head[i] = r_next[q_head[i]]
+    if q_head[i] < 0:
+        q_tail[i] = -1
+    q_len[i] -= 1
+
+
+@nb.njit(cache=True)
 def _queue_eager(st, re, sm, j, t):
     """Create eager shadow request ``re`` for session-model ``sm`` on instance ``j`` at time ``t`` and queue it."""
     r_kind, r_ref, r_inst, r_arr, r_next = st.rq.r_kind, st.rq.r_ref, st.rq.r_inst, st.rq.r_arr, st.rq.r_next
@@ -869,8 +745,7 @@ def _schedule_running(kn, st, i, now, lm):
     r_ready, r_done, r_prompt, r_first, r_iters = rq.r_ready, rq.r_done, rq.r_prompt, rq.r_first, rq.r_iters
     r_tpot, r_gen, r_kind, r_arr, r_ttft = rq.r_tpot, rq.r_gen, rq.r_kind, rq.r_arr, rq.r_ttft
     sl = st.scr.slack
-    d_first, d_iters, d_tpot, p_arr, p_ttft, p_rem = sl.dec_first, sl.dec_iters, sl.dec_tpot, sl.pf_arr, sl.pf_ttft, \
-        sl.pf_rem
+    d_first, d_iters, d_tpot = sl.dec_first, sl.dec_iters, sl.dec_tpot
     chunk_q, itf, iti = st.scr.chunk_q, st.scr.itf, st.scr.iti
     # decodes first, then in-flight prefills, then admissions (FIFO), all under the token budget
     nrun = n_run[i]
@@ -894,14 +769,13 @@ def _schedule_running(kn, st, i, now, lm):
             budget -= 1
             if r_kind[r] == K_ROUTED:
                 routed_in = True
-    npf = 0
-    pt = 0.0
-    pp = 0.0
-    pk = 0.0
-    nc = 0.0
-    pt_norm = 0.0
-    pt_routed = 0.0
-    pt_eager = 0.0
+    itf[:] = 0.0
+    itf[F_DCTX] = dctx
+    itf[F_NEXT_READY] = next_ready
+    iti[I_ND] = nd
+    iti[I_NPF] = 0
+    iti[I_NRUN] = nrun
+    iti[I_ROUTED] = 1 if routed_in else 0
     for k in range(nrun):
         r = run[i, k]
         if r_ready[r] > now or r_done[r] >= r_prompt[r] or budget <= 0:
@@ -909,36 +783,30 @@ def _schedule_running(kn, st, i, now, lm):
         q = min(budget, r_prompt[r] - r_done[r])
         chunk_q[k] = q
         budget -= q
-        cc = r_done[r]
-        pt += q
-        pp += q * (cc + (q + 1) * 0.5)
-        pk += cc + q
-        nc += 1.0
-        p_arr[npf] = r_arr[r]
-        p_ttft[npf] = r_ttft[r]
-        p_rem[npf] = prefill_time(lm, r_prompt[r] - cc - q, cc + q, chunk)
-        npf += 1
-        if r_kind[r] == K_ROUTED:
-            routed_in = True
-            pt_routed += q
-        elif r_kind[r] == K_EAGER:
-            pt_eager += q
-        else:
-            pt_norm += q
-    itf[F_DCTX] = dctx
-    itf[F_PT] = pt
-    itf[F_PP] = pp
-    itf[F_PK] = pk
-    itf[F_NC] = nc
-    itf[F_PT_NORM] = pt_norm
-    itf[F_PT_ROUTED] = pt_routed
-    itf[F_PT_EAGER] = pt_eager
-    itf[F_NEXT_READY] = next_ready
-    iti[I_ND] = nd
-    iti[I_NPF] = npf
-    iti[I_NRUN] = nrun
+        _add_chunk(st.scr, lm, chunk, r_kind[r], q, r_done[r], r_prompt[r], r_arr[r], r_ttft[r])
     iti[I_BUDGET] = budget
-    iti[I_ROUTED] = 1 if routed_in else 0
+
+
+@nb.njit(cache=True)
+def _add_chunk(scr, lm, chunk, kind, q, done, prompt, arr, ttft):
+    """Count a prefill chunk of ``q`` tokens after ``done`` ones into the iteration's sums and slack rows."""
+    itf, iti, sl = scr.itf, scr.iti, scr.slack
+    itf[F_PT] += q
+    itf[F_PP] += q * (done + (q + 1) * 0.5)
+    itf[F_PK] += done + q
+    itf[F_NC] += 1.0
+    k = iti[I_NPF]
+    sl.pf_arr[k] = arr
+    sl.pf_ttft[k] = ttft
+    sl.pf_rem[k] = prefill_time(lm, prompt - done - q, done + q, chunk)
+    iti[I_NPF] = k + 1
+    if kind == K_ROUTED:
+        iti[I_ROUTED] = 1
+        itf[F_PT_ROUTED] += q
+    elif kind == K_EAGER:
+        itf[F_PT_EAGER] += q
+    else:
+        itf[F_PT_NORM] += q
 
 
 @nb.njit(cache=True)
@@ -953,7 +821,6 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
     q_head, q_tail, q_len, run, n_run = ins.q_head, ins.q_tail, ins.q_len, ins.run, ins.n_run
     scr = st.scr
     chunk_q, itf, iti = scr.chunk_q, scr.itf, scr.iti
-    p_arr, p_ttft, p_rem = scr.slack.pf_arr, scr.slack.pf_ttft, scr.slack.pf_rem
     rq = st.rq
     r_next, r_kind, r_ref, r_prompt, r_output = rq.r_next, rq.r_kind, rq.r_ref, rq.r_prompt, rq.r_output
     r_hist, r_hit, r_done, r_res, r_pend = rq.r_hist, rq.r_hit, rq.r_done, rq.r_res, rq.r_pend
@@ -965,16 +832,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
     c_int, c_out, gstats = st.acc.c_int, st.acc.c_out, st.acc.gstats
     nrun = iti[I_NRUN]
     budget = iti[I_BUDGET]
-    npf = iti[I_NPF]
-    routed_in = iti[I_ROUTED] != 0
     next_ready = itf[F_NEXT_READY]
-    pt = itf[F_PT]
-    pp = itf[F_PP]
-    pk = itf[F_PK]
-    nc = itf[F_NC]
-    pt_norm = itf[F_PT_NORM]
-    pt_routed = itf[F_PT_ROUTED]
-    pt_eager = itf[F_PT_EAGER]
     blocked = False
     while q_head[i] >= 0 and nrun < max_seqs and budget > 0:
         r = q_head[i]
@@ -995,10 +853,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
             r_prompt[r] = P
             r_output[r] = 0
             if sticky[sm] != i or not s_active[ss]:
-                q_head[i] = r_next[r]
-                if q_head[i] < 0:
-                    q_tail[i] = -1
-                q_len[i] -= 1
+                _dequeue(r_next, q_head, q_tail, q_len, i)
                 sm_eager[sm] = -1
                 continue
         if kind != K_NORMAL:
@@ -1034,10 +889,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
                     free_hit = True
             if kind == K_EAGER and hit >= P:
                 # nothing to warm: done at once
-                q_head[i] = r_next[r]
-                if q_head[i] < 0:
-                    q_tail[i] = -1
-                q_len[i] -= 1
+                _dequeue(r_next, q_head, q_tail, q_len, i)
                 sm_eager[sm] = -1
                 continue
             if hit > P - 1:
@@ -1087,10 +939,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
                     c_int[r_ref[r], 1] = max(c_int[r_ref[r], 1], 0) + extra_used
             sm_host[sm] = -1
             _release(ent, free_stack, nfree, eh)
-        q_head[i] = r_next[r]
-        if q_head[i] < 0:
-            q_tail[i] = -1
-        q_len[i] -= 1
+        _dequeue(r_next, q_head, q_tail, q_len, i)
         used[i, 0] += need
         r_res[r] = need
         r_hit[r] = hit
@@ -1119,36 +968,12 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
             q = min(budget, P - hit)
             chunk_q[nrun] = q
             budget -= q
-            cc = hit
-            pt += q
-            pp += q * (cc + (q + 1) * 0.5)
-            pk += cc + q
-            nc += 1.0
-            p_arr[npf] = r_arr[r]
-            p_ttft[npf] = r_ttft[r]
-            p_rem[npf] = prefill_time(lm, P - cc - q, cc + q, chunk)
-            npf += 1
-            if kind == K_ROUTED:
-                routed_in = True
-                pt_routed += q
-            elif kind == K_EAGER:
-                pt_eager += q
-            else:
-                pt_norm += q
+            _add_chunk(scr, lm, chunk, kind, q, hit, P, r_arr[r], r_ttft[r])
         nrun += 1
     n_run[i] = nrun
-    itf[F_PT] = pt
-    itf[F_PP] = pp
-    itf[F_PK] = pk
-    itf[F_NC] = nc
-    itf[F_PT_NORM] = pt_norm
-    itf[F_PT_ROUTED] = pt_routed
-    itf[F_PT_EAGER] = pt_eager
     itf[F_NEXT_READY] = next_ready
-    iti[I_NPF] = npf
     iti[I_NRUN] = nrun
     iti[I_BUDGET] = budget
-    iti[I_ROUTED] = 1 if routed_in else 0
     iti[I_BLOCKED] = 1 if blocked else 0
 
 
@@ -1196,12 +1021,12 @@ def _shadow_chunks(kn, cl, ca, st, i, now, m, lm, base_t, cap_t):
         if inst_dedicated[i]:
             # a dedicated warming instance serves nothing else: it fills its whole token budget
             bnd = INF
-            branch = 1
+            branch = BRANCH_IDLE
             limit = INF
         else:
             bnd, branch, limit = controller_bound(now, empty, shadow_mode == SH_HARVEST, routed_in, credit[i],
                                                   cap_t, base_t, st.scr.slack, nd, npf, margin)
-        stretch_branch = branch == 2 or branch == 4
+        stretch_branch = branch == BRANCH_ROUTED or branch == BRANCH_HARVEST
         cutoff = now - cold_age
         cap_tokens = int(shadow_cap_frac * inst_caps[i, 0])
         cur_t = base_t
@@ -1224,7 +1049,7 @@ def _shadow_chunks(kn, cl, ca, st, i, now, m, lm, base_t, cap_t):
                 pr = c_pnext[cix, m]
                 if gate > 0.0 and pr < gate:
                     continue
-                if branch == 2 and pr < credit_gate:
+                if branch == BRANCH_ROUTED and pr < credit_gate:
                     continue  # stretching a routed call's iteration pays off only for a likely switch
                 if top1 and c_top[cix] != m:
                     continue
@@ -1352,10 +1177,7 @@ def _account_iteration(kn, cl, st, i, m, now, t_end, dur, base_t, sh_tok, stretc
     # ---------------- credit (Harvest: every busy iteration; Harvest-SLO: routed iterations)
     decode_only = nd > 0 and npf == 0
     stretch = dur - base_t if (sh_tok > 0 and stretch_branch) else 0.0
-    cc_ = credit[i] - stretch
-    if decode_only:
-        cc_ += delta * base_t
-    credit[i] = min(cap_t, max(0.0, cc_))
+    credit[i] = credit_update(credit[i], base_t, decode_only, stretch, delta, cap_t)
 
 
 @nb.njit(cache=True)

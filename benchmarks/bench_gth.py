@@ -130,10 +130,13 @@ def kernels(repeat: int) -> None:
 
 
 def stiff() -> None:
+    import importlib.util
     import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    from mp_reference import mp_reference
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "mp_reference.py")
+    spec = importlib.util.spec_from_file_location("mp_reference", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # the tests' 50-digit reference solve (tests/ is not a package)
+    mp_reference = mod.mp_reference
     cases = []
     for L, delta in (((1.0, 200.0), 1.0), ((0.1, 100.0), 0.1), ((100.0, 0.1), 0.1), ((1.0, 1000.0), 1.0)):
         for p in (1e-5, 0.5, 0.999, 0.99999):

@@ -19,11 +19,8 @@ evaluated chains, and whether B* stands.  Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dtmc import solve as S  # noqa: E402
 from optimizer.optimum import b_star_rivals  # noqa: E402

@@ -12,8 +12,6 @@ import platform
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import tr_model  # noqa: E402
 from optimizer.search import optimize_thresholds  # noqa: E402

@@ -16,12 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from policy_runtime import measure, policy_table  # noqa: E402
 

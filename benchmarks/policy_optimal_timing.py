@@ -37,7 +37,6 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from optimizer import policy as POL  # noqa: E402
 from tr_core.spec import preset  # noqa: E402

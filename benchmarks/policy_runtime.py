@@ -31,7 +31,6 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import tr_model  # noqa: E402
 from tr_model.autotune import thresholds_document  # noqa: E402

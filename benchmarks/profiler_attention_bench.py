@@ -13,13 +13,9 @@ direction only; the GPU run (benchmarks/gpu_check.sh) measures the whole step.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:

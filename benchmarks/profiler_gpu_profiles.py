@@ -23,9 +23,6 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 
 def _variant(text: str) -> tuple[str, int, str]:
     mode, _, attention = text.partition(":")

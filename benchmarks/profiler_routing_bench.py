@@ -24,7 +24,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 P = [[0.8, 0.2], [1.0, 0.0]]
 C = [[1, 0], [1, 0]]

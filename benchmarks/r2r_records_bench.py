@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def _write(folder: str, tokens: int, seed: int = 0) -> tuple[str, str, str, int]:

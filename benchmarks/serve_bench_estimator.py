@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import tr_model  # noqa: E402
 from profiler import serve_bench as sb  # noqa: E402

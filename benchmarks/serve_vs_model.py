@@ -28,7 +28,6 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import tr_model  # noqa: E402
 from profiler import serve_bench as sb  # noqa: E402

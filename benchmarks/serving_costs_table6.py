@@ -205,7 +205,6 @@ def main(argv=None):
     ])
     print(body)
     if not a.no_results:
-        sys.path.insert(0, HERE)
         from runtime_vs_model import replace_section
         replace_section(os.path.join(os.path.dirname(HERE), "experiments", "LOG.md"), "## runtime: serving costs vs the paper's Table 6", body)
     return 0

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 
 import numba as nb
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shadow_prefill.budget import Decode, PrefillChunk, decide_shadow_tokens, shadow_budget  # noqa: E402
 from shadow_prefill.latency import build_roofline  # noqa: E402

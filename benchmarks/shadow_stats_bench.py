@@ -18,7 +18,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 DEFAULT = os.path.join(ROOT, "..", "shared", "data", "llmrouter-dcrouter", "train.json")
 

@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tr_core.spec import LatencyCurve, make_spec, preset  # noqa: E402
 from simulator import generate_trace, simulate  # noqa: E402

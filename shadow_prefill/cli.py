@@ -21,8 +21,6 @@ into FILE instead, atomically.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import os
@@ -37,8 +35,8 @@ from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import build_roofline, fit_linear_model, load_gpu, load_model_arch, read_profile_points
 from shadow_prefill.stats import DEFAULT_CACHE_CAPACITY, STATS_COLUMNS, ReplayParams, compute_switch_tax, flatten_stats
 from shadow_prefill.trace_io import atomic_write, format_session_trace, write_session_trace
-from shadow_prefill.workload_args import add_workload_args, int_value, latency_models, name_values, nonneg_int, \
-    number, positive_int, workload_from_args, dumps_document
+from shadow_prefill.workload_args import add_workload_args, csv_text, dumps_document, int_value, latency_models, \
+    name_values, nonneg_int, number, positive_int, text_table, workload_from_args
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
@@ -62,28 +60,11 @@ def render_table(rows: list[dict], columns: Sequence[tuple[str, str, str]]) -> s
     flat = [flatten_stats({k: v for k, v in r.items() if k != "models"}) | {"models": r.get("models")} for r in rows]
     cols = [c for c in columns if any(f.get(c[0]) is not None for f in flat)]
     cells = [[c[1] for c in cols]] + [[_fmt(f.get(c[0]), c[2]) for c in cols] for f in flat]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = []
-    for k, r in enumerate(cells):
-        lines.append("  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths))))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines) + "\n"
+    return text_table(cells, left=2)
 
 
 def render_csv(rows: list[dict]) -> str:
-    flat = [flatten_stats(r) for r in rows]
-    keys: list[str] = []
-    for f in flat:
-        for k in f:
-            if k not in keys:
-                keys.append(k)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-    w.writeheader()
-    for f in flat:
-        w.writerow({k: ("" if f.get(k) is None else f.get(k)) for k in keys})
-    return buf.getvalue()
+    return csv_text([flatten_stats(r) for r in rows])
 
 
 _dumps = dumps_document

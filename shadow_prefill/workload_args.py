@@ -344,3 +344,33 @@ def clean(x: Any) -> Any:
 def dumps_document(doc: Any) -> str:
     """A result document as indented JSON (strict: no NaN or Infinity; unknown values are ``null``)."""
     return json.dumps(clean(doc), indent=2, allow_nan=False) + "\n"
+
+
+def csv_text(rows: Sequence[dict]) -> str:
+    """Rows as CSV: the union of their keys in first-seen order as the header; ``None`` and missing are empty."""
+    import csv
+    import io
+
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    wr.writeheader()
+    for r in rows:
+        wr.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
+    return buf.getvalue()
+
+
+def text_table(cells: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A plain-text table: the header row ``cells[0]``, a rule of dashes, then the rows; the first ``left``
+    columns left-aligned (labels), the others right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = []
+    for k, r in enumerate(cells):
+        lines.append("  ".join(x.ljust(w) if i < left else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"

@@ -40,8 +40,8 @@ from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, si
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
 from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, SESSION_DRAWS, read_azure_trace, synthetic_request_sizes
 from shadow_prefill.errors import ShadowError, ShadowResourceLimit
-from shadow_prefill.workload_args import add_workload_args, clean, dumps_document, int_at_least, latency_models, \
-    name_values, number, synthetic_params, workload_from_args
+from shadow_prefill.workload_args import add_workload_args, clean, csv_text, dumps_document, int_at_least, \
+    latency_models, name_values, number, synthetic_params, text_table, workload_from_args
 
 __all__ = ["register", "cmd_simulate", "cmd_compare", "SWEEP_FLAGS"]
 
@@ -195,29 +195,7 @@ def _table(rows: list[dict], cols: Sequence[tuple[str, str, str]]) -> str:
         except (ValueError, TypeError):
             return str(v)
     cells = [[c[1] for c in cols]] + [[f(r.get(c[0]), c[2]) for c in cols] for r in rows]
-    w = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = []
-    for k, r in enumerate(cells):
-        lines.append("  ".join(x.ljust(w[i]) if i == 0 else x.rjust(w[i]) for i, x in enumerate(r)))
-        if k == 0:
-            lines.append("  ".join("-" * x for x in w))
-    return "\n".join(lines) + "\n"
-
-
-def _csv(rows: list[dict]) -> str:
-    import csv
-    import io
-    keys: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
-    buf = io.StringIO()
-    wr = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-    wr.writeheader()
-    for r in rows:
-        wr.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
-    return buf.getvalue()
+    return text_table(cells, left=1)
 
 
 def _check_run_size(args, ss, config, cap, windows, rho: float | None = None) -> None:
@@ -303,7 +281,7 @@ def cmd_simulate(args) -> int:
                "workload": ss.summary(), "traffic": sizes.describe(), "overloaded": s["overloaded"], "summary": s}
         text = dumps_document(doc)
     elif fmt == "csv":
-        text = _csv([s])
+        text = csv_text([s])
     else:
         text = _table([s], _SIM_COLS)
     emit(text, args.out)
@@ -503,7 +481,7 @@ def cmd_compare(args) -> int:
     if fmt == "json":
         text = dumps_document(doc)
     elif fmt == "csv":
-        text = _csv(rows)
+        text = csv_text(rows)
     else:
         text = _table(rows, cols)
     emit(text, args.out)

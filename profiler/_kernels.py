@@ -521,44 +521,45 @@ def simulate_routes(P, n_steps, first_model, u):
 
 
 @njit(cache=True)
+def _put_text(out, p, text):
+    """Write the ASCII ``text`` into ``out`` at ``p``; returns the next position."""
+    for ch in text:
+        out[p] = ord(ch)
+        p += 1
+    return p
+
+
+@njit(cache=True)
+def _put_int(out, p, v, digits):
+    """Write the decimal integer ``v`` into ``out`` at ``p`` (``digits``: scratch); returns the next position."""
+    if v < 0:
+        out[p] = 45
+        p += 1
+        v = -v
+    nd = 0
+    while True:
+        digits[nd] = 48 + v % 10
+        nd += 1
+        v //= 10
+        if v == 0:
+            break
+    for k in range(nd - 1, -1, -1):
+        out[p] = digits[k]
+        p += 1
+    return p
+
+
+@njit(cache=True)
 def format_trace_lines(rid, step, model, nxt, tokens_int, out):
     """Write canonical trace lines (integer request ids and tokens) into ``out``; returns bytes used."""
     p = 0
     digits = np.empty(24, dtype=np.uint8)
     for r in range(rid.shape[0]):
-        for part in range(5):
-            if part == 0:
-                pre = '{"request_id": '
-                v = rid[r]
-            elif part == 1:
-                pre = ', "step": '
-                v = step[r]
-            elif part == 2:
-                pre = ', "model": '
-                v = model[r]
-            elif part == 3:
-                pre = ', "next_model": '
-                v = nxt[r]
-            else:
-                pre = ', "committed_tokens": '
-                v = tokens_int[r]
-            for ch in pre:
-                out[p] = ord(ch)
-                p += 1
-            if v < 0:
-                out[p] = 45
-                p += 1
-                v = -v
-            nd = 0
-            while True:
-                digits[nd] = 48 + v % 10
-                nd += 1
-                v //= 10
-                if v == 0:
-                    break
-            for k in range(nd - 1, -1, -1):
-                out[p] = digits[k]
-                p += 1
+        p = _put_int(out, _put_text(out, p, '{"request_id": '), rid[r], digits)
+        p = _put_int(out, _put_text(out, p, ', "step": '), step[r], digits)
+        p = _put_int(out, _put_text(out, p, ', "model": '), model[r], digits)
+        p = _put_int(out, _put_text(out, p, ', "next_model": '), nxt[r], digits)
+        p = _put_int(out, _put_text(out, p, ', "committed_tokens": '), tokens_int[r], digits)
         out[p] = 125
         out[p + 1] = 10
         p += 2

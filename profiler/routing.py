@@ -69,6 +69,7 @@ import numpy as np
 
 from profiler.trace import TraceAccumulator, TraceError, accumulate_trace
 from tr_core.errors import SpecError
+from tr_core.fileio import json_ready as json_safe  # plain-JSON copies of the documents (re-exported)
 
 Z95 = 1.959963984540054
 
@@ -302,22 +303,6 @@ def estimate_routing(trace_path: str | os.PathLike, *, n_models: int | None = No
 
 def _nan_to_none(a: np.ndarray) -> list:
     return [[None if not np.isfinite(v) else float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
-
-
-def json_safe(obj: Any) -> Any:
-    """Plain-JSON copy: numpy scalars/arrays to Python, non-finite floats to None (strict JSON has no NaN)."""
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return json_safe(obj.tolist())
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    return obj
 
 
 def routing_provenance(est: RoutingEstimate) -> dict:

@@ -186,6 +186,30 @@ def decode_json(raw: str | bytes, where: str, what: str, *, error: type[Exceptio
         raise error(f"{where}: not a valid {what} ({str(e).splitlines()[0][:80]})") from None
 
 
+def json_ready(x: Any) -> Any:
+    """A plain-JSON copy of ``x`` (for strict JSON output, which has no NaN): dicts (keys as strings), lists
+    and tuples copied, NumPy arrays and scalars as Python values, non-finite floats as ``None``; anything else
+    as it is.  The one converter of the profiler's and ShadowPrefill's result documents."""
+    import math
+
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_ready(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return json_ready(x.tolist())
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (np.integer, int)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    return x
+
+
 def parse_json_text(text: str, label: str, *, error: type[Exception] = SpecError):
     """``json.loads`` with one-line errors naming ``label`` (deep nesting and huge integers included); a key
     given twice in one object is refused."""

@@ -165,7 +165,7 @@ step_gpu_tests() {
 
 step_corun() {
     if [ "${CORUN_MODE:-probe}" = tr-profile ]; then
-        # ---- HOOK (issue 22): `tr-profile latency --corun OTHER_CONFIG` is listed by `tr-profile latency --help`:
+        # ---- HOOK: `tr-profile latency --corun OTHER_CONFIG` is listed by `tr-profile latency --help`:
         # each model's co-running curve by the profiler itself (its batch-size flag when it has one)
         local extra=() others=($CORUN_OTHER_BS) mid rc=0
         mid=${others[$(( (${#others[@]} - 1) / 2 ))]}
@@ -288,7 +288,7 @@ if [ -z "$PY" ]; then
 fi
 HAVE_TORCH=0
 [ -n "$PY" ] && "$PY" -c "import torch" > /dev/null 2>&1 && HAVE_TORCH=1
-# the co-running step: tr-profile latency --corun once it exists (issue 22), else the runtime executor's probe
+# the co-running step: tr-profile latency --corun where it exists, else the runtime executor's probe
 CORUN_MODE=probe CORUN_BATCH_FLAG=""
 if [ "$HAVE_TORCH" = 1 ]; then
     help="$("$PY" -m profiler.cli latency --help 2> /dev/null)"

@@ -1,7 +1,7 @@
 """Co-running step latency on one GPU: each model's decode step alone and while the other model decodes.
 
-The GPU check's co-running step until ``tr-profile latency --corun`` exists
-(issue 22); it uses the runtime's own executor and its probe,
+The GPU check's co-running step where ``tr-profile latency --corun`` is
+missing (an older tree); it uses the runtime's own executor and its probe,
 ``tr_model.runtime.torch_executor.profile_step_latency(..., other=...)``:
 both models (random weights, bf16, the Qwen3-0.6B and Qwen3-32B configs)
 live on one device, each with its own CUDA stream and graphs; model i's

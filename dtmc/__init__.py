@@ -16,12 +16,13 @@ from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATE
                         Chain, DTMCError,
                         StateLimitExceeded, build_chain, build_policy_chain, policy_configs, policy_keys, state_bound, KEY_BITS,
                         key_bits, max_packed_n)
+from dtmc.lowering import LoweredSystem, lower_arrays, lower_system, outcome_table
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
                         bound_error, closed_classes, gth, residual, solver_help, stationary_distribution,
                         throughput_bound)
 
-__all__ = ["KEY_BITS", "key_bits", "max_packed_n", 
+__all__ = ["KEY_BITS", "key_bits", "max_packed_n", "LoweredSystem", "lower_system", "lower_arrays", "outcome_table",
     "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
     "build_chain", "build_policy_chain", "solve_policy_chain", "policy_configs", "policy_keys", "state_bound",
     "stationary_distribution", "closed_classes", "residual",

@@ -197,6 +197,16 @@ def composition_probabilities(P, offsets, parts, logfact):
 
 
 @njit(cache=True)
+def summed_log_factorials(N):
+    """``log(v!)`` for v = 0..N as running sums of ``log(v)`` (the decision processes' weights; the chain's
+    are lgamma's, see :mod:`dtmc.lowering`)."""
+    logf = np.zeros(N + 1)
+    for v in range(2, N + 1):
+        logf[v] = logf[v - 1] + np.log(v)
+    return logf
+
+
+@njit(cache=True)
 def _encode(k, b, r, M, bn, br):
     key = np.int64(0)
     shift = np.int64(0)
@@ -225,12 +235,20 @@ def _decode(key, k, b, r, M, bn, br):
 
 
 @njit(cache=True, inline="always")
+def corun_at_launch(corun, running, launching):
+    """The co-running *launch law*'s tie rule, the one copy every kernel calls (chain, decision processes,
+    coarse clock, mean field, simulator): a batch launched now gets its co-running duration when the law
+    is on and another model is busy at this instant, i.e. ``running`` models keep running after this
+    epoch's completions, or more than one model (itself included) launches in this same pass."""
+    return corun and (running > 0 or launching > 1)
+
+
+@njit(cache=True, inline="always")
 def _launch_mask(k, b, r, mask, caps, d, dco, corun, M):
     """Launch every model whose bit is set in ``mask`` (idle ones): ``min(k_j, cap_j)`` requests, or an
     *empty batch* (busy ``d_j(0)`` quanta, serving nobody) when ``k_j = 0``.  The one launch law of the
     chain: without co-running every launch gets ``d``; with it, a launch gets ``dco`` when another model
-    is busy at this instant (running after this epoch's completions, ``r > 0`` here, or launching in
-    this same pass), otherwise ``d``."""
+    is busy at this instant (:func:`corun_at_launch`), otherwise ``d``."""
     co = False
     if corun:
         running = 0
@@ -240,7 +258,7 @@ def _launch_mask(k, b, r, mask, caps, d, dco, corun, M):
                 launching += 1
             elif r[j] > 0:
                 running += 1
-        co = running > 0 or launching > 1
+        co = corun_at_launch(corun, running, launching)
     for j in range(M):
         if (mask >> j) & 1:
             take = k[j] if k[j] < caps[j] else caps[j]

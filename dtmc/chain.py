@@ -22,7 +22,6 @@ This module imports nothing else of the project: it takes plain arrays.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -31,10 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dtmc import _kernels as K
-
-
-class DTMCError(ValueError):
-    """Invalid chain input, or a chain whose structure the solver refuses."""
+from dtmc.lowering import KEY_BITS, DTMCError, LoweredSystem, _bits, lower_arrays
 
 
 class StateLimitExceeded(RuntimeError):
@@ -96,13 +92,6 @@ class Chain:
         return int(sum(a.nbytes for a in arrays))
 
 
-def _bits(x: int) -> int:
-    return max(1, int(x).bit_length())
-
-
-KEY_BITS = 62  # a packed state key is an int64 with room to spare
-
-
 def key_bits(M: int, N: int, dmax: int) -> int:
     """Bits a packed state key of ``M`` models needs at concurrency ``N`` with durations up to ``dmax`` quanta."""
     return M * (2 * _bits(N) + _bits(dmax))
@@ -152,57 +141,6 @@ def state_bound(N: int, d: np.ndarray, B: np.ndarray, caps: np.ndarray, dco: np.
     return int(acc[N])
 
 
-_comp_cache: dict = {}
-
-
-def _compositions(N: int, M: int):
-    key = (N, M)
-    hit = _comp_cache.get(key)
-    if hit is None:
-        total = math.comb(N + M, M)
-        if total > 60_000_000:
-            raise DTMCError(f"M = {M} models at N = {N} need {total:,} batch-routing outcomes; too many to enumerate")
-        hit = K.compositions(N, M)
-        if len(_comp_cache) > 32:
-            _comp_cache.clear()
-        _comp_cache[key] = hit
-    return hit
-
-
-def _system(P, C, N):
-    """``(P, C, M, N)`` as the kernels take them; N >= 1."""
-    P = np.ascontiguousarray(P, dtype=np.float64)
-    C = np.ascontiguousarray(C, dtype=np.float64)
-    N = int(N)
-    if N < 1:
-        raise DTMCError(f"N must be >= 1, got {N}")
-    return P, C, P.shape[0], N
-
-
-def _durations(M, N, caps, d, dco, *, empty):
-    """Validated ``(caps, d, dco, corun, dmax)``: caps clipped to N, (M, N+1) durations of at least one quantum
-    (column 0 too when ``empty``: the empty batch of a policy table); ``dco`` is ``d`` for the solo chain."""
-    caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
-    if (caps < 1).any():
-        raise DTMCError("batch caps must be >= 1")
-    first = 0 if empty else 1
-    what = " (column 0: the empty batch)" if empty else ""
-    d = np.ascontiguousarray(d, dtype=np.int64)
-    if d.shape != (M, N + 1):
-        raise DTMCError(f"d must have shape (M, N+1) = ({M}, {N + 1}), got {d.shape}")
-    if (d[:, first:] < 1).any():
-        raise DTMCError(f"durations d must be >= 1 quantum{what}")
-    corun = dco is not None
-    if not corun:
-        return caps, d, d, False, int(d.max())
-    dco = np.ascontiguousarray(dco, dtype=np.int64)
-    if dco.shape != (M, N + 1):
-        raise DTMCError(f"dco must have shape (M, N+1) = ({M}, {N + 1}), got {dco.shape}")
-    if (dco[:, first:] < 1).any():
-        raise DTMCError(f"co-running durations dco must be >= 1 quantum{what}")
-    return caps, d, dco, True, int(max(d.max(), dco.max()))
-
-
 def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=None,
                 max_states: int = DEFAULT_MAX_STATES, max_transitions: int = DEFAULT_MAX_TRANSITIONS,
                 dco: np.ndarray | None = None) -> Chain:
@@ -219,7 +157,14 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     running after the epoch's completions, or launching in the same pass, gets ``dco``; otherwise
     ``d``).  ``None`` builds the solo chain (the kernel's solo path, state for state today's chain).
     """
-    P, C, M, N = _system(P, C, N)
+    low = lower_arrays(P, C, d, N, caps, dco)
+    return build_lowered_chain(low, B, max_states=max_states, max_transitions=max_transitions)
+
+
+def build_lowered_chain(low: LoweredSystem, B, *, max_states: int = DEFAULT_MAX_STATES,
+                        max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> Chain:
+    """:func:`build_chain` of a lowered system (:func:`dtmc.lowering.lower_system`)."""
+    M, N = low.M, low.N
     B = np.ascontiguousarray(B, dtype=np.int64)
     if B.shape != (M,):
         raise DTMCError(f"B must have M = {M} entries, got {B.shape[0] if B.ndim else 0}")
@@ -228,31 +173,24 @@ def build_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, B, caps=Non
     if int((B - 1).sum()) >= N:
         raise DTMCError(f"B = {tuple(int(x) for x in B)} is infeasible for N = {N}: "
                         f"sum(B_i - 1) = {int((B - 1).sum())} must be < N")
-    caps, d, dco, corun, dmax = _durations(M, N, caps, d, dco, empty=False)
-    bn = _bits(N)
-    br = _bits(dmax)
+    dmax = low.dmax
     if key_bits(M, N, dmax) > KEY_BITS:
         raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
                         f"needs {key_bits(M, N, dmax)} bits, more than the {KEY_BITS} a packed key holds; "
                         f"use a coarser delta")
-    cbar = (C * P).sum(axis=1)
-
     t0 = time.perf_counter()
-    offsets, parts = _compositions(N, M)
-    logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
-    prob = K.composition_probabilities(P, offsets, parts, logfact)
-    tables = K.ChainTables(caps, d, dco, corun, cbar, offsets, parts, prob, bn, br)
+    tables = low.tables
     status, *raw = K.build_chain(N, B, tables, K.BuildLimits(int(max_states), int(max_transitions), 1024))
     raw = _Raw(*raw)
     n = raw.n
     if status == K.TOO_MANY_STATES:
-        est = state_bound(N, d, B, caps, dco if corun else None)
+        est = state_bound(N, low.d, B, low.caps, low.dco)
         raise StateLimitExceeded(int(max_states), max(est, n),
                                  max(est, n) * (BYTES_PER_STATE + 10 * BYTES_PER_TRANSITION),
                                  transitions=n <= max_states, max_transitions=int(max_transitions))
     if status == K.DEADLOCK:
         raise DTMCError("the chain reached a state where no model runs (deadlock); check B and the routing matrix")
-    return _assemble(N, tuple(int(x) for x in B), P, raw, bn, br, t0)
+    return _assemble(N, tuple(int(x) for x in B), low.P, raw, low.bn, low.br, t0)
 
 
 class _Raw(NamedTuple):
@@ -314,7 +252,14 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
     raises :class:`DTMCError`); the co-running law (``dco``) is the threshold chain's.  A threshold
     vector ``B`` is the table ``launch[s, j] = (b_j = r_j = 0 and k_j >= max(B_j, 1))``.
     """
-    P, C, M, N = _system(P, C, N)
+    low = lower_arrays(P, C, d, N, caps, dco, empty=True)
+    return build_lowered_policy_chain(low, states, launch, max_states=max_states, max_transitions=max_transitions)
+
+
+def build_lowered_policy_chain(low: LoweredSystem, states, launch, *, max_states: int = DEFAULT_MAX_STATES,
+                               max_transitions: int = DEFAULT_MAX_TRANSITIONS) -> Chain:
+    """:func:`build_policy_chain` of a lowered system (lowered with ``empty=True``)."""
+    M, N = low.M, low.N
     S = np.asarray(states)
     Lm = np.asarray(launch)
     if S.ndim != 3 or S.shape[1:] != (M, 3):
@@ -323,8 +268,7 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
         raise DTMCError(f"policy launch must have shape {S.shape[:2]}, got {Lm.shape}")
     if S.size and (S.min() < 0 or ((S[:, :, 0] + S[:, :, 1]).sum(axis=1) != N).any()):
         raise DTMCError(f"every policy configuration must hold N = {N} requests (sum of k_i + b_i)")
-    caps, d, dco, corun, dmax = _durations(M, N, caps, d, dco, empty=True)
-    bn, br = _bits(N), _bits(dmax)
+    dmax, bn, br = low.dmax, low.bn, low.br
     if M * (2 * bn + br) > 62:
         raise DTMCError(f"a state of M = {M} models with N = {N} and max duration {dmax} quanta "
                         f"needs {M * (2 * bn + br)} bits, more than the 62 a packed key holds; use a coarser delta")
@@ -337,12 +281,8 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
     keys, mask = np.ascontiguousarray(keys[order]), np.ascontiguousarray(mask[order])
     if keys.size > 1 and (np.diff(keys) == 0).any():
         raise DTMCError("the policy table lists a configuration twice")
-    cbar = (C * P).sum(axis=1)
     t0 = time.perf_counter()
-    offsets, parts = _compositions(N, M)
-    logfact = np.array([math.lgamma(x + 1.0) for x in range(N + 1)], dtype=np.float64)
-    prob = K.composition_probabilities(P, offsets, parts, logfact)
-    tables = K.ChainTables(caps, d, dco, corun, cbar, offsets, parts, prob, bn, br)
+    tables = low.tables
     status, *raw, bad = K.build_policy_chain(N, tables, K.BuildLimits(int(max_states), int(max_transitions), 1024),
                                              keys, mask)
     raw = _Raw(*raw)
@@ -357,4 +297,4 @@ def build_policy_chain(P: np.ndarray, C: np.ndarray, d: np.ndarray, N: int, stat
         cfg = tuple((int(W[0, i]), int(Bb[0, i]), int(R[0, i])) for i in range(M))
         raise DTMCError(f"the policy table has no valid decision for the reachable configuration "
                         f"(k, b, r per model) = {cfg}")
-    return _assemble(N, (), P, raw, bn, br, t0)
+    return _assemble(N, (), low.P, raw, bn, br, t0)

@@ -24,96 +24,118 @@ return NumPy arrays and scalars only.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
-# int64 zero and one: a literal 0 or 1 passed to a jitted helper would compile a second specialization of it
-# (first-run compile time)
-I0 = np.int64(0)
-I1 = np.int64(1)
+from dtmc._kernels import EMPTY, I0, I1, ChainTables, _launch_mask, corun_at_launch
+from dtmc._kernels import _decode as _unpack
+from dtmc._kernels import _encode as _pack
+from dtmc._kernels import _grow, _mix  # noqa: F401  (the hash table's, re-exported for the tests)
+from dtmc._kernels import _table_find_or_insert as _find
+from dtmc._kernels import _table_rebuild as _rehash
 
-EMPTY = -1
+# The hash table, the state packing and the launch law above are dtmc's own kernels (one copy each).
+# numba's cache keys a function on its own file only: a cached kernel here that inlined an older dtmc
+# kernel would survive an edit of dtmc/_kernels.py.  This stamp is the sha256 of that file;
+# tests/test_kernel_copies.py fails when it is stale, and updating it edits this file, which invalidates
+# this module's cache.
+_DTMC_KERNELS_SHA = "4f00f25bbe07a6dff94c8ac5ecaa9328491f7797340e74d2af803819abbbc2b5"
+
+class Box(NamedTuple):
+    """A threshold box ``lo <= B <= hi`` (componentwise): the launch freedom of a decision process."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+class Limits(NamedTuple):
+    """When an enumeration gives up: more than ``max_states`` states or ``max_entries`` option entries."""
+
+    max_states: int
+    max_entries: int
+
+
+class MDP(NamedTuple):
+    """A built decision process as the solvers read it: ``n`` states, routing outcomes
+    ``out_ptr[s]:out_ptr[s+1]`` with probabilities ``out_prob``, the options ``opt_idx[opt_ptr[u]:opt_ptr[u+1]]``
+    of outcome ``u``, rewards ``g`` and holding times ``tau`` (float64)."""
+
+    n: int
+    out_ptr: np.ndarray
+    out_prob: np.ndarray
+    opt_ptr: np.ndarray
+    opt_idx: np.ndarray
+    g: np.ndarray
+    tau: np.ndarray
+
+
+class SolveSettings(NamedTuple):
+    """How :func:`mdp_solve` iterates and when it stops (see there)."""
+
+    omega: float
+    every: int
+    nref: int
+    rtol: float
+    floor_rtol: float
+    max_sweeps: int
+    terms: int
+
+
+class CoarseProcess(NamedTuple):
+    """A coarse-clock process with the decision bounds :func:`mdp_restrict` cuts sub-boxes out by: the
+    arrays of :func:`coarse_mdp_build` after its status (``keys`` left out)."""
+
+    n: int
+    tau: np.ndarray
+    g: np.ndarray
+    out_ptr: np.ndarray
+    out_prob: np.ndarray
+    opt_ptr: np.ndarray
+    opt_idx: np.ndarray
+    opt_w: np.ndarray
+    opt_l: np.ndarray
+    ninit: int
+    init_idx: np.ndarray
+    init_w: np.ndarray
+    init_l: np.ndarray
+
+
+class ClassRule(NamedTuple):
+    """A compact policy class's rule: its kernel code, parameters (M, P) and the models by step length."""
+
+    cls: int
+    par: np.ndarray
+    order: np.ndarray
+
+
+class _OptionScratch(NamedTuple):
+    free: np.ndarray
+    k2: np.ndarray
+    b2: np.ndarray
+    r2: np.ndarray
+
+
+class _CoarseScratch(NamedTuple):
+    cfg: np.ndarray
+    nxt: np.ndarray
+    opts: np.ndarray
+    ow: np.ndarray
+    ol: np.ndarray
+    stage: np.ndarray
+    kk: np.ndarray
+    bb: np.ndarray
+    rr: np.ndarray
+    ch: np.ndarray
+    nch: np.ndarray
+    first: np.ndarray
+
+
 NO_LAUNCH = 1 << 30      # lmin of a model that never launched (above any queue; fits the int32 bounds)
 OK = 0
 TOO_LARGE = 1
 DEADLOCK = 2
-
-
-@njit(cache=True)
-def _mix(key):
-    # 64-bit avalanche finaliser (public-domain constants), so near-equal packed keys spread out
-    h = np.uint64(key)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xFF51AFD7ED558CCD)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xC4CEB9FE1A85EC53)
-    h ^= h >> np.uint64(33)
-    return h
-
-
-@njit(cache=True)
-def _find(tkeys, tvals, key, new_index):
-    mask = np.uint64(tkeys.shape[0] - 1)
-    slot = _mix(key) & mask
-    while True:
-        s = np.int64(slot)
-        if tkeys[s] == key:
-            return tvals[s], False
-        if tkeys[s] == EMPTY:
-            tkeys[s] = key
-            tvals[s] = new_index
-            return new_index, True
-        slot = (slot + np.uint64(1)) & mask
-
-
-@njit(cache=True)
-def _rehash(keys, n, capacity):
-    tkeys = np.full(capacity, EMPTY, dtype=np.int64)
-    tvals = np.empty(capacity, dtype=np.int64)
-    for i in range(n):
-        _find(tkeys, tvals, keys[i], i)
-    return tkeys, tvals
-
-
-@njit(cache=True)
-def _grow(a, need):
-    # one generic kernel: numba compiles it once per dtype (int64 keys, float64 probabilities)
-    if need <= a.shape[0]:
-        return a
-    cap = a.shape[0] * 2
-    while cap < need:
-        cap *= 2
-    out = np.empty(cap, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@njit(cache=True)
-def _pack(k, b, r, M, bn, br):
-    key = np.int64(0)
-    s = np.int64(0)
-    for i in range(M):
-        key |= np.int64(k[i]) << s
-        s += bn
-        key |= np.int64(b[i]) << s
-        s += bn
-        key |= np.int64(r[i]) << s
-        s += br
-    return key
-
-
-@njit(cache=True)
-def _unpack(key, k, b, r, M, bn, br):
-    mn = (np.int64(1) << bn) - 1
-    mr = (np.int64(1) << br) - 1
-    s = np.int64(0)
-    for i in range(M):
-        k[i] = (key >> s) & mn
-        s += bn
-        b[i] = (key >> s) & mn
-        s += bn
-        r[i] = (key >> s) & mr
-        s += br
 
 
 @njit(cache=True)
@@ -224,14 +246,18 @@ def _routed(k, b, r, t, idx, na, parts, k2, b2, r2, M):
 
 
 @njit(cache=True)
-def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, k2, b2, r2):
-    """Post-launch keys reachable from the pre-decision configuration (k, b, r); returns their count.
+def _options(k, b, r, box, tables, out, empty, sc):
+    """Post-launch keys reachable from the pre-decision configuration (k, b, r) under the box's launch
+    freedom; returns their count.
 
     A model is idle when ``r == 0``.  With ``empty``, an idle model may also start an empty batch
-    (busy for ``d[j, 0]`` quanta, serving nobody).  With ``corun`` (the launch law of the chain), a
-    launch takes ``dco`` when another model runs (``r > 0`` here: after the epoch's completions) or
-    launches in the same decision, empty batches included; otherwise ``d``.
+    (busy for ``d[j, 0]`` quanta, serving nobody).  Each decision is applied by the chain's own launch
+    law (:func:`dtmc._kernels._launch_mask`).  ``sc``: scratch (:class:`_OptionScratch`).
     """
+    lo, hi = box.lo, box.hi
+    caps, d, dco, corun, bn, br = tables.caps, tables.d, tables.dco, tables.corun, tables.bn, tables.br
+    free, k2, b2, r2 = sc.free, sc.k2, sc.b2, sc.r2
+    M = k.shape[0]
     nf = 0
     for j in range(M):
         if r[j] == 0 and (k[j] >= 1 or empty) and k[j] >= lo[j] and k[j] < hi[j]:
@@ -239,36 +265,20 @@ def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, 
             nf += 1
     cnt = 0
     for mask in range(1 << nf):
+        lmask = 0
         for j in range(M):
             k2[j] = k[j]
             b2[j] = b[j]
             r2[j] = r[j]
-        for j in range(M):
-            launch = False
-            if r2[j] == 0 and (k2[j] >= 1 or empty):
-                if k2[j] >= hi[j] and k2[j] >= 1:
-                    launch = True
-                else:
+            if r[j] == 0 and (k[j] >= 1 or empty):
+                launch = k[j] >= hi[j] and k[j] >= 1
+                if not launch:
                     for f in range(nf):
                         if free[f] == j and (mask >> f) & 1:
                             launch = True
-            if launch:
-                take = k2[j] if k2[j] < caps[j] else caps[j]
-                b2[j] = take
-                k2[j] -= take
-                r2[j] = -1 - take          # marked; the duration is set once the decision is complete
-        nrun = 0
-        nlaunch = 0
-        for j in range(M):
-            if r2[j] > 0:
-                nrun += 1
-            elif r2[j] < 0:
-                nlaunch += 1
-        co = corun and (nrun > 0 or nlaunch > 1)
-        for j in range(M):
-            if r2[j] < 0:
-                take = -1 - r2[j]
-                r2[j] = dco[j, take] if co else d[j, take]
+                if launch:
+                    lmask |= 1 << j
+        _launch_mask(k2, b2, r2, lmask, caps, d, dco, corun, M)
         running = False
         for j in range(M):
             if r2[j] > 0:
@@ -280,12 +290,12 @@ def _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, out, empty, free, 
 
 
 @njit(cache=True)
-def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty,
-               keep):
-    """Enumerate the decision process of the threshold box ``lo <= B <= hi``.
+def _mdp_build(N, box, tables, limits, empty, keep):
+    """Enumerate the decision process of the threshold box ``box`` (:class:`Box`) of the system ``tables``
+    (dtmc's :class:`ChainTables`) within ``limits`` (:class:`Limits`).
 
-    ``dco``/``corun``: co-running durations and whether the chain's launch law uses them (see
-    :func:`_options`); every threshold vector of the box is still one stationary policy of it.
+    Launches follow the chain's launch law (co-running included, see :func:`_options`); every threshold
+    vector of the box is still one stationary policy of it.
 
     Returns ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init)``:
     state ``s`` has routing outcomes ``out_ptr[s]:out_ptr[s+1]`` (merged,
@@ -297,7 +307,10 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
     models have ``b = r = 0``; unfilled otherwise), ``key0`` the initial configuration's (all N at
     model 0) and ``init`` the state indices its decision may lead to.
     """
-    M = lo.shape[0]
+    cbar, offsets, parts, prob, bn, br = (tables.cbar, tables.offsets, tables.parts, tables.prob, tables.bn,
+                                          tables.br)
+    max_states, max_entries = limits.max_states, limits.max_entries
+    M = box.lo.shape[0]
     cap = 1024
     keys = np.empty(cap, dtype=np.int64)
     tau = np.empty(cap, dtype=np.int64)
@@ -320,10 +333,8 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
     clo = np.zeros(M, dtype=np.int64)
     chi = np.zeros(M, dtype=np.int64)
     optbuf = np.empty(1 << M, dtype=np.int64)
-    sf = np.zeros(M, dtype=np.int64)       # scratch of _options
-    sk = np.zeros(M, dtype=np.int64)
-    sb = np.zeros(M, dtype=np.int64)
-    sr = np.zeros(M, dtype=np.int64)
+    sc = _OptionScratch(np.zeros(M, dtype=np.int64), np.zeros(M, dtype=np.int64), np.zeros(M, dtype=np.int64),
+                        np.zeros(M, dtype=np.int64))
     ukeys = np.empty(256, dtype=np.int64)
     uprob = np.empty(256, dtype=np.float64)
 
@@ -333,7 +344,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
     k[0] = N
     key0 = _pack(k, b, r, M, bn, br)
     n = I0
-    cnt = _options(k, b, r, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
+    cnt = _options(k, b, r, box, tables, optbuf, empty, sc)
     if cnt == 0:
         return DEADLOCK, 0, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
     init = init[:cnt]
@@ -412,7 +423,7 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
             if keep:
                 ukeep[nu] = last
             _unpack(last, k2, b2, r2, M, bn, br)
-            cnt = _options(k2, b2, r2, lo, hi, caps, d, dco, corun, M, bn, br, optbuf, empty, sf, sk, sb, sr)
+            cnt = _options(k2, b2, r2, box, tables, optbuf, empty, sc)
             if cnt == 0:
                 return DEADLOCK, head, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukeep, key0, init
             if ne + cnt > max_entries:
@@ -434,22 +445,19 @@ def _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, b
 
 
 @njit(cache=True)
-def mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries, empty):
-    """The decision process of the threshold box ``lo <= B <= hi`` (:func:`_mdp_build`); returns
+def mdp_build(N, box, tables, limits, empty):
+    """The decision process of the threshold box ``box`` (:func:`_mdp_build`); returns
     ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx)``."""
-    res = _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
-                     empty, False)
+    res = _mdp_build(N, box, tables, limits, empty, False)
     return res[0], res[1], res[2], res[3], res[4], res[5], res[6], res[7], res[8]
 
 
 @njit(cache=True)
-def policy_mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
-                     empty):
+def policy_mdp_build(N, box, tables, limits, empty):
     """:func:`mdp_build` that also returns, per routing outcome, its pre-decision key, the initial
     configuration's key and the states its decision may lead to (the optimal-policy solver):
     ``(status, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, init_key, init_opts)``."""
-    return _mdp_build(N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, max_states, max_entries,
-                      empty, True)
+    return _mdp_build(N, box, tables, limits, empty, True)
 
 
 @njit(cache=True)
@@ -466,12 +474,14 @@ def _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx):
 
 
 @njit(cache=True)
-def mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, sweeps, omega):
-    """``sweeps`` in-place Gauss-Seidel value-iteration sweeps of ``h <- g - lam tau + Q* h``, renormalised.
+def mdp_sweeps(mdp, h, lam, sweeps, omega):
+    """``sweeps`` in-place Gauss-Seidel value-iteration sweeps of ``h <- g - lam tau + Q* h`` on ``mdp``
+    (:class:`MDP`), renormalised.
 
     ``omega < 1`` damps each update (``h += omega (new - h)``): the aperiodicity transform, which makes
     the iteration converge on periodic processes (coarse clocks with commensurate steps are).
     """
+    n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau = mdp
     for _ in range(sweeps):
         for s in range(n):
             v = g[s] - lam * tau[s] + _qmax(s, h, out_ptr, out_prob, opt_ptr, opt_idx)
@@ -482,8 +492,10 @@ def mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, sweeps, o
 
 
 @njit(cache=True)
-def mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h):
-    """``(min_s D, max_s D, max_s |terms|)`` with ``D = (g + Q*h - h) / tau``: the optimum lies in between."""
+def mdp_bracket(mdp, h):
+    """``(min_s D, max_s D, max_s |terms|)`` with ``D = (g + Q*h - h) / tau`` on ``mdp`` (:class:`MDP`): the
+    optimum lies in between."""
+    n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau = mdp
     lo = 1e300
     hi = -1e300
     mag = 0.0
@@ -527,7 +539,7 @@ def _same_span(cfg, c, first, ch, caps, dur, co, M):
 
 
 @njit(cache=True)
-def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
+def _stage_launch(cfg, ncfg, out, box, tables, dur, sc):
     """Expand configurations ``cfg[:ncfg]`` (rows k | b | r | wmax | lmin) by every allowed launch decision
     into ``out``.
 
@@ -537,9 +549,13 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
     ``[lo', hi']`` allows the row's decisions exactly when ``wmax < hi'`` and ``lmin >= lo'``
     (:func:`mdp_restrict`).  With ``corun``, a launch spans ``dur[2]``/``dur[3]`` slots (the co-running
     duration's floor and ceil) when another model is busy at this stage (``r != 0``: running, or
-    completing later in the slot) or launches in the same decision, as in the chain.  Returns the row
-    count written.
+    completing later in the slot) or launches in the same decision, as in the chain
+    (:func:`dtmc._kernels.corun_at_launch`).  Returns the row count written (``sc``: scratch,
+    :class:`_CoarseScratch`).
     """
+    lo, hi, caps, corun = box.lo, box.hi, tables.caps, tables.corun
+    ch, nch, first = sc.ch, sc.nch, sc.first
+    M = lo.shape[0]
     nout = 0
     for c in range(ncfg):
         nrun = 0
@@ -565,7 +581,7 @@ def _stage_launch(cfg, ncfg, out, lo, hi, caps, dur, corun, M, ch, nch, first):
             for j in range(M):
                 if first[j] + ch[j] > 0:
                     nl += 1
-            co = corun and (nrun > 0 or nl > 1)
+            co = corun_at_launch(corun, nrun, nl)
             if not (corun and _same_span(cfg, c, first, ch, caps, dur, co, M)):
                 for x in range(5 * M):
                     out[nout, x] = cfg[c, x]
@@ -614,15 +630,18 @@ def _order(okey, ow, ol, a, key, b, M):
 # inlined (here and in _coarse_options): called once per routing outcome, where a call with this many
 # array arguments cost more than its body (pruned search at N = 64: 11.4 -> 9.7 s, median of alternating runs)
 @njit(cache=True, inline="always")
-def _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow, ol, nopt, ch, nch, first,
-                 kk, bb, rr):
+def _launch_keys(cfg, c, box, tables, dur, nopt, sc):
     """The last stage of :func:`_stage_launch` for row ``c`` of ``cfg``, straight to packed keys.
 
     Inserts each key of a configuration with a running model, with its decision bounds (``ow``/``ol``
     rows: wmax/lmin), into ``opts[:nopt]``, sorted by (key, bounds), identical entries once; returns the
     new count.  One key may appear with different bounds (different decisions reach it): a sub-box
-    keeps the key when it allows any of them.  ``corun``: durations as in :func:`_stage_launch`.
+    keeps the key when it allows any of them.  Durations as in :func:`_stage_launch`; ``sc``: scratch
+    (:class:`_CoarseScratch`).
     """
+    lo, hi, caps, corun, bn, br = box.lo, box.hi, tables.caps, tables.corun, tables.bn, tables.br
+    opts, ow, ol, ch, nch, first, kk, bb, rr = sc.opts, sc.ow, sc.ol, sc.ch, sc.nch, sc.first, sc.kk, sc.bb, sc.rr
+    M = lo.shape[0]
     nrun = 0
     for j in range(M):
         k = cfg[c, j]
@@ -647,7 +666,7 @@ def _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow, ol, nopt
         for j in range(M):
             if first[j] + ch[j] > 0:
                 nl += 1
-        co = corun and (nrun > 0 or nl > 1)
+        co = corun_at_launch(corun, nrun, nl)
         # a ceil choice whose span equals the floor's gives the floor's row again: skip it
         skip = corun and _same_span(cfg, c, first, ch, caps, dur, co, M)
         for j in range(M):
@@ -713,16 +732,17 @@ def _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow, ol, nopt
 
 
 @njit(cache=True, inline="always")
-def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dur, corun, M, bn, br,
-                    ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first):
+def _coarse_options(k, b, r, t, done, na, cidx, box, tables, dur, ordered, sc):
     """Post-launch keys of one joint routing outcome (``cidx[a]`` = composition of completing ``done[a]``).
 
     With ``ordered``, every ordered partition of the completing models is a possible order of their
     completions (stage by stage, launch rule after each); without it they complete together.
     Writes the keys with their decision bounds (see :func:`_launch_keys`) to ``opts``/``ow``/``ol`` and
-    returns their count.  ``cfg``/``nxt`` hold at least ``3**(M*M)`` rows (every launch choice at every
-    stage) of ``5 M`` columns; the rest is scratch.
+    returns their count.  ``sc.cfg``/``sc.nxt`` hold at least ``3**(M*M)`` rows (every launch choice at
+    every stage) of ``5 M`` columns; the rest of ``sc`` is scratch.
     """
+    parts, stage, cfg, nxt = tables.parts, sc.stage, sc.cfg, sc.nxt
+    M = k.shape[0]
     nopt = 0
     for a in range(na):
         stage[a] = 0
@@ -764,11 +784,9 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dur, corun,
                                 cfg[c, j] += parts[cidx[a], j]
                 if s_ == S - 1:
                     for c in range(ncfg):
-                        nopt = _launch_keys(cfg, c, lo, hi, caps, dur, corun, M, bn, br, opts, ow,
-                                            ol, nopt, ch, nch, first, kk, bb, rr)
+                        nopt = _launch_keys(cfg, c, box, tables, dur, nopt, sc)
                 else:
-                    ncfg = _stage_launch(cfg, ncfg, nxt, lo, hi, caps, dur, corun, M, ch, nch,
-                                         first)
+                    ncfg = _stage_launch(cfg, ncfg, nxt, box, tables, dur, sc)
                     cfg, nxt = nxt, cfg
         a = 0
         while a < na:
@@ -783,19 +801,21 @@ def _coarse_options(k, b, r, t, done, na, parts, cidx, lo, hi, caps, dur, corun,
 
 
 @njit(cache=True)
-def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn, br, max_states,
-                     max_entries, ordered):
-    """Enumerate the coarse-clock decision process of the box ``lo <= B <= hi``.
+def coarse_mdp_build(N, box, tables, dur, limits, ordered):
+    """Enumerate the coarse-clock decision process of the box ``box`` of the system ``tables`` (whose ``d``
+    and ``dco`` it does not read) within ``limits``.
 
     ``dur`` (4, M, N + 1): floor and ceil in slots of the solo durations, then of the co-running ones;
-    ``corun``: whether the chain's launch law uses the latter (see :func:`_stage_launch`).
+    ``tables.corun``: whether the chain's launch law uses the latter (see :func:`_stage_launch`).
 
     Returns the outputs of :func:`mdp_build` (status, n, keys, tau, g, out_ptr, out_prob, opt_ptr,
     opt_idx), then what :func:`mdp_restrict` needs to cut a sub-box's process out of this one: the
     decision bounds of every option (``opt_w``/``opt_l``, ``M`` per entry, flat) and the initial
     states with theirs (``ninit``, ``init_idx``, ``init_w``, ``init_l``).
     """
-    M = lo.shape[0]
+    cbar, offsets, prob, bn, br = tables.cbar, tables.offsets, tables.prob, tables.bn, tables.br
+    max_states, max_entries = limits.max_states, limits.max_entries
+    M = box.lo.shape[0]
     cap = 1024
     keys = np.empty(cap, dtype=np.int64)
     tau = np.empty(cap, dtype=np.int64)
@@ -832,13 +852,14 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
     ch = np.zeros(M, dtype=np.int64)
     nch = np.zeros(M, dtype=np.int64)
     first = np.zeros(M, dtype=np.int64)
+    sc = _CoarseScratch(cfg, nxt, opts, ow, ol, stage, kk, bb, rr, ch, nch, first)
     # initial configuration: all N wait at model 0, launch rule once (no completions: one stage)
     cfg[0, 0] = N
     for i in range(M):
         cfg[0, 3 * M + i] = -1
         cfg[0, 4 * M + i] = NO_LAUNCH
     out = nxt
-    nst = _stage_launch(cfg, I1, out, lo, hi, caps, dur, corun, M, ch, nch, first)
+    nst = _stage_launch(cfg, I1, out, box, tables, dur, sc)
     init_idx = np.empty(nst, dtype=np.int64)
     init_w = np.empty(nst * M, dtype=np.int64)
     init_l = np.empty(nst * M, dtype=np.int64)
@@ -887,8 +908,7 @@ def coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn
             for a in range(na):
                 p *= prob[done[a], idx[a]]
             if p > 0.0:
-                cnt = _coarse_options(k, b, r, t, done, na, parts, idx, lo, hi, caps, dur, corun,
-                                      M, bn, br, ordered, opts, ow, ol, cfg, nxt, stage, kk, bb, rr, ch, nch, first)
+                cnt = _coarse_options(k, b, r, t, done, na, idx, box, tables, dur, ordered, sc)
                 if cnt == 0:
                     st = DEADLOCK
                     n = head
@@ -965,8 +985,7 @@ def _reach(s, where, order, n2):
 
 
 @njit(cache=True)
-def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l,
-                 lo, hi):
+def mdp_restrict(proc, box):
     """The process of a sub-box ``[lo, hi]``, cut out of a coarse-clock process built for a box holding it.
 
     A sub-box allows an option (a sequence of launch decisions) when every model's waits happened
@@ -974,8 +993,11 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
     Its states are those reachable from the allowed initial states through allowed options, and
     its options at each (state, outcome) are the allowed ones: exactly what
     :func:`coarse_mdp_build` enumerates for the sub-box, renumbered in breadth-first order.
-    Returns the same tuple as :func:`coarse_mdp_build` (``keys`` holds the parent's indices).
+    ``proc``: the parent (:class:`CoarseProcess`).  Returns the same tuple as :func:`coarse_mdp_build`
+    (``keys`` holds the parent's indices).
     """
+    n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l = proc
+    lo, hi = box.lo, box.hi
     M = lo.shape[0]
     where = np.full(n, -1, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
@@ -1037,7 +1059,7 @@ def mdp_restrict(n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, n
 # completions are exact ties, as in the chain.
 
 @njit(cache=True)
-def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol):
+def mean_field_run(N, B, tables, P, warm_events, events, tol):
     """Run the mean-field dynamics of thresholds ``B``; returns ``(status, tokens, quanta, tokens_2, quanta_2)``.
 
     ``tokens/quanta`` is the time average over ``events`` completion epochs after ``warm_events``;
@@ -1045,8 +1067,10 @@ def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol)
     A model launches when idle and its queue exceeds ``B_j - 1 + tol`` (the chain's ``k_j >= B_j`` for
     integer ``k``); it takes ``min(queue, cap_j)``, for ``d[j, round(take)]`` quanta, or ``dco`` with
     ``corun`` when another model is busy or launches in the same pass (the chain's launch law).
-    status: 0 ok, 2 deadlock (no model running and none can launch).
+    status: 0 ok, 2 deadlock (no model running and none can launch).  ``tables``: the system (dtmc's
+    :class:`ChainTables`; its outcome table is not read).
     """
+    caps, d, dco, corun, cbar = tables.caps, tables.d, tables.dco, tables.corun, tables.cbar
     M = B.shape[0]
     q = np.zeros(M)
     x = np.zeros(M)
@@ -1071,7 +1095,7 @@ def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol)
                     nrun += 1
                 elif q[j] > B[j] - 1 + tol:
                     nl += 1
-            co = nrun > 0 or nl > 1
+            co = corun_at_launch(corun, nrun, nl)
         for j in range(M):
             if not busy[j] and q[j] > B[j] - 1 + tol:
                 take = q[j] if q[j] < caps[j] else float(caps[j])
@@ -1119,9 +1143,9 @@ def mean_field_run(N, B, caps, d, dco, corun, cbar, P, warm_events, events, tol)
 # The optimal launch policy: helpers of the all-policy process (built by policy_mdp_build).
 
 @njit(cache=True)
-def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, every, nref, rtol, floor_rtol,
-              max_sweeps, terms):
-    """Relative value iteration of the all-policy process to a certificate bracket of ``rtol``, in one call.
+def mdp_solve(mdp, h, lam, settings):
+    """Relative value iteration of the all-policy process ``mdp`` (:class:`MDP`) to a certificate bracket of
+    ``rtol``, in one call (``settings``: :class:`SolveSettings`).
 
     Damped Gauss-Seidel sweeps of ``h <- g - lam tau + Q* h`` (as :func:`mdp_sweeps`) in *reverse* discovery
     order (a state's successors are mostly discovered after it, so one sweep carries values back along many
@@ -1135,6 +1159,8 @@ def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, eve
     bracket is within ``rtol`` (relative), when it is within ``floor_rtol`` and has not narrowed by 10 % over 4
     brackets (the rounding floor), or after ``max_sweeps``.  ``h`` is updated in place; returns ``(lower,
     upper, sweeps, brackets)``: ``upper`` is proven for every policy, ``lower`` for the process optimum."""
+    n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau = mdp
+    omega, every, nref, rtol, floor_rtol, max_sweeps, terms = settings
     eps = 2.220446049250313e-16
     lo_b = -1e300
     hi_b = 1e300
@@ -1164,7 +1190,7 @@ def mdp_solve(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, omega, eve
             for s in range(n):
                 h[s] -= ref
             sweeps += 1
-        a, b, mag = mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h)
+        a, b, mag = mdp_bracket(mdp, h)
         brackets += 1
         err = mag * 4 * terms * eps
         if a - err > lo_b:
@@ -1292,41 +1318,30 @@ def class_launch(cls, K, Bb, R, par, order, caps, d, dco):
     return out
 
 
-@njit(cache=True)
-def _apply_launch(k, b, r, mask, caps, d, dco, corun, M):
-    """The chain's launch law (``dtmc``'s): every model of ``mask`` launches ``min(k_j, cap_j)``; with
-    ``corun`` a launch gets ``dco`` when another model runs here (``r > 0``) or launches in the same pass.
-    Returns whether some model runs afterwards."""
-    co = False
-    if corun:
-        running = 0
-        launching = 0
-        for j in range(M):
-            if (mask >> j) & 1:
-                launching += 1
-            elif r[j] > 0:
-                running += 1
-        co = running > 0 or launching > 1
+@njit(cache=True, inline="always")
+def _apply_launch(k, b, r, mask, tables, M):
+    """The chain's launch law (:func:`dtmc._kernels._launch_mask`) on the models of ``mask``; returns whether
+    some model runs afterwards."""
+    _launch_mask(k, b, r, mask, tables.caps, tables.d, tables.dco, tables.corun, M)
     busy = False
     for j in range(M):
-        if (mask >> j) & 1:
-            take = k[j] if k[j] < caps[j] else caps[j]
-            b[j] = take
-            k[j] -= take
-            r[j] = dco[j, take] if co else d[j, take]
         if r[j] > 0:
             busy = True
     return busy
 
 
 @njit(cache=True)
-def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, bn, br, max_states):
-    """Breadth-first enumeration of the chain under class ``cls`` (:func:`_class_mask`), deciding each
-    pre-decision configuration with the rule when it is first met.
+def class_reach(N, rule, tables, max_states):
+    """Breadth-first enumeration of the chain of the system ``tables`` (dtmc's :class:`ChainTables`) under
+    the class rule ``rule`` (:class:`ClassRule`, :func:`_class_mask`), deciding each pre-decision
+    configuration with the rule when it is first met.
 
     Returns ``(status, n, ckeys, cmask, nc)``: ``n`` states (post-decision, as the chain's), the ``nc``
     packed pre-decision configurations met (the initial one first) and their launch bits.  ``status``: OK,
     TOO_LARGE (more than ``max_states`` states) or DEADLOCK (a decision leaves no model running)."""
+    cls, par, order = rule
+    caps, d, dco, offsets, parts, prob, bn, br = (tables.caps, tables.d, tables.dco, tables.offsets, tables.parts,
+                                                  tables.prob, tables.bn, tables.br)
     M = caps.shape[0]
     cap = 1024
     keys = np.empty(cap, dtype=np.int64)
@@ -1354,7 +1369,7 @@ def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, b
     cmask[0] = _class_mask(cls, k, b, r, par, order, caps, d, dco, sR, sB)
     _find(ckt, ckv, ckeys[0], I0)
     nc = I1
-    if not _apply_launch(k, b, r, cmask[0], caps, d, dco, corun, M):
+    if not _apply_launch(k, b, r, cmask[0], tables, M):
         return DEADLOCK, 0, ckeys, cmask, nc
     keys[0] = _pack(k, b, r, M, bn, br)
     _find(tkeys, tvals, keys[0], I0)
@@ -1384,7 +1399,7 @@ def class_reach(N, cls, par, order, caps, d, dco, corun, offsets, parts, prob, b
                     nc += 1
                     if 2 * nc > ckt.shape[0]:
                         ckt, ckv = _rehash(ckeys, nc, ckt.shape[0] * 2)
-                if not _apply_launch(k2, b2, r2, cmask[ci], caps, d, dco, corun, M):
+                if not _apply_launch(k2, b2, r2, cmask[ci], tables, M):
                     return DEADLOCK, n, ckeys, cmask, nc
                 key = _pack(k2, b2, r2, M, bn, br)
                 _ix, ins = _find(tkeys, tvals, key, n)

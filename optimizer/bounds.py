@@ -323,18 +323,11 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     M = spec.M
     lo = np.asarray(lo, dtype=np.int64)
     hi = np.asarray(hi, dtype=np.int64)
-    if d is None:
-        d = _quanta(spec, N, round_to_grid)
-    if dco is None:
-        dco = _corun_quanta(spec, N, round_to_grid)
-    corun = dco is not None
-    caps = spec.caps(N).astype(np.int64)
-    P = np.ascontiguousarray(spec.P)
-    cbar = (spec.C * P).sum(axis=1)
-    bn = max(1, N.bit_length())
+    low = lowered(spec, N, round_to_grid, d, dco, empty=bool(empty))
+    d = low.d
+    dco = low.tables.dco if low.corun else d
+    bn = low.bn
     coarse = int(coarse)
-    d = np.ascontiguousarray(d, dtype=np.int64)
-    dco = d if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
     if coarse > 1:
         if empty:
             raise ValueError("the coarse clock does not model empty batches")
@@ -345,29 +338,27 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
             raise ValueError(f"coarse = {coarse} quanta is longer than the shortest step ({shortest} quanta)")
         br = max(1, int(max(dhi.max(), dhico.max())).bit_length())
     else:
-        br = max(1, int(max(d.max(), dco.max())).bit_length())
+        br = low.br
     if M * (2 * bn + br) > 62:
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
-    offsets, parts, prob = _outcomes(N, M, P)
+    tables = low.with_packing(br)
+    box = K.Box(lo, hi)
+    limits = K.Limits(int(max_states), int(max_entries))
     proc = None
     warm_from = None
     if coarse > 1:
         if parent is not None and parent.holds(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse):
             warm_from = parent
             pa = parent.arrays
-            res = K.mdp_restrict(pa[0], pa[2], pa[3], pa[4], pa[5], pa[6], pa[7], pa[8], pa[9], pa[10], pa[11],
-                                 pa[12], pa[13], lo, hi)
+            res = K.mdp_restrict(K.CoarseProcess(pa[0], *pa[2:]), box)
         else:
             dur = np.ascontiguousarray(np.stack([dlo, dhi, dloco, dhico]))
-            res = K.coarse_mdp_build(N, lo, hi, caps, dur, corun, cbar, offsets, parts, prob, bn, br, int(max_states),
-                                     int(max_entries), True)
+            res = K.coarse_mdp_build(N, box, tables, dur, limits, True)
         st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = res[:9]
         if keep and st == K.OK:
             proc = BoxProcess(N, tuple(int(x) for x in lo), tuple(int(x) for x in hi), coarse, (n,) + res[2:])
     else:
-        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(
-            N, lo, hi, caps, d, dco, corun, cbar, offsets, parts, prob, bn, br, int(max_states), int(max_entries),
-            bool(empty))
+        st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx = K.mdp_build(N, box, tables, limits, bool(empty))
     if st != K.OK:
         return BoxResult(tuple(int(x) for x in lo), tuple(int(x) for x in hi), math.inf, -math.inf, int(n), 0,
                          _time.perf_counter() - t0, "too large" if st == K.TOO_LARGE else "deadlock")
@@ -390,14 +381,15 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
     # the target, it converges to values whose certificate is below the target exactly when the box's
     # optimum is (the bracket of any h is valid; lam only steers where h converges).
     lam = float(np.sum(g) / np.sum(tau))
+    mdp = K.MDP(int(n), out_ptr, out_prob, opt_ptr, opt_idx, g, tau)
     lo_b, hi_b = -math.inf, math.inf
     sweeps = 0
     step = 4
     prev_hi = math.inf
     while True:
-        K.mdp_sweeps(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h, lam, step, float(omega))
+        K.mdp_sweeps(mdp, h, lam, step, float(omega))
         sweeps += step
-        a, b, mag = K.mdp_bracket(n, out_ptr, out_prob, opt_ptr, opt_idx, g, tau, h)
+        a, b, mag = K.mdp_bracket(mdp, h)
         err = mag * 4 * terms * np.finfo(np.float64).eps      # rounding in the bracket's sums
         lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)   # each is a valid bound: keep the best
         lam = 0.5 * (lo_b + hi_b) if math.isfinite(lo_b + hi_b) else 0.5 * (a + b)
@@ -432,19 +424,20 @@ def coarse_durations(d: np.ndarray, coarse: int) -> tuple[np.ndarray, np.ndarray
     return np.ascontiguousarray(d // c), np.ascontiguousarray(-(-d // c))
 
 
-_OUTCOMES: dict = {}
+def lowered(spec: SystemSpec, N: int, round_to_grid: bool = False, d: np.ndarray | None = None,
+            dco: np.ndarray | None = None, *, empty: bool = False):
+    """The decision processes' :class:`dtmc.LoweredSystem` of ``spec`` at N (``d``/``dco``: durations in quanta
+    to use instead of the spec's; they weight routing outcomes with summed log-factorials, as they always
+    have)."""
+    from dtmc.lowering import lower_arrays, lower_system
 
-
-def _outcomes(N: int, M: int, P: np.ndarray):
-    from optimizer import _kernels as K
-
-    key = (N, M, P.tobytes())
-    hit = _OUTCOMES.get(key)
-    if hit is None:
-        if len(_OUTCOMES) > 8:
-            _OUTCOMES.clear()
-        hit = _OUTCOMES[key] = K.outcome_table(N, M, P)
-    return hit
+    if d is None and dco is None:
+        return lower_system(spec, N, round_to_grid=round_to_grid, factorials="summed", empty=empty)
+    if d is None:
+        d = _quanta(spec, N, round_to_grid)
+    if dco is None:
+        dco = _corun_quanta(spec, N, round_to_grid)
+    return lower_arrays(spec.P, spec.C, d, N, spec.caps(int(N)), dco, empty=empty, factorials="summed")
 
 
 def policy_bound(spec: SystemSpec, N: int, **kw) -> BoxResult:

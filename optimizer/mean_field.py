@@ -67,20 +67,17 @@ class MeanField:
 
 
 def _arrays(spec: SystemSpec, N: int, round_to_grid: bool):
-    d, _ = spec.quanta_table(int(N), round_to_grid=round_to_grid)
     # co-running: the chain's launch law (dco when another model is busy or launches in the same pass)
-    dco = spec.corun_quanta_table(int(N), round_to_grid=round_to_grid)[0] if spec.has_corun else d
-    P = np.ascontiguousarray(spec.P)
-    cbar = np.ascontiguousarray((spec.C * P).sum(axis=1))
-    return d, dco, spec.has_corun, spec.caps(int(N)).astype(np.int64), P, cbar
+    from optimizer.bounds import lowered
+
+    return lowered(spec, N, round_to_grid)
 
 
-def _run(spec, N, B, arrays, warm: int, events: int) -> tuple[float, float]:
+def _run(spec, N, B, low, warm: int, events: int) -> tuple[float, float]:
     from optimizer import _kernels as K
 
-    d, dco, corun, caps, P, cbar = arrays
-    st, tok, quanta, tok2, quanta2 = K.mean_field_run(int(N), np.asarray(B, dtype=np.int64), caps, d, dco, corun,
-                                                      cbar, P, int(warm), int(events), 1e-9 * max(1, int(N)))
+    st, tok, quanta, tok2, quanta2 = K.mean_field_run(int(N), np.asarray(B, dtype=np.int64), low.launch_tables, low.P,
+                                                      int(warm), int(events), 1e-9 * max(1, int(N)))
     if st != 0 or quanta <= 0:
         return -math.inf, math.inf
     scale = 1000.0 / spec.delta_ms

@@ -145,27 +145,17 @@ def build_process(spec: SystemSpec, N: int, *, round_to_grid: bool = False, max_
     """Enumerate the all-policy decision process at N (every idle model may launch, wait or start an empty
     batch at every epoch; co-running launch law when the spec has it)."""
     from optimizer import _kernels as K
-    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+    from optimizer.bounds import lowered
 
     N = int(N)
     M = spec.M
-    d = np.ascontiguousarray(_quanta(spec, N, round_to_grid), dtype=np.int64)
-    dco = _corun_quanta(spec, N, round_to_grid)
-    corun = dco is not None
-    dco_a = d if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
-    caps = spec.caps(N).astype(np.int64)
-    P = np.ascontiguousarray(spec.P)
-    cbar = (spec.C * P).sum(axis=1)
-    bn = max(1, N.bit_length())
-    br = max(1, int(max(d.max(), dco_a.max())).bit_length())
-    if M * (2 * bn + br) > 62:
-        raise PolicyTooLarge(f"a state of M = {M} models at N = {N} needs {M * (2 * bn + br)} bits (62 fit); "
+    low = lowered(spec, N, round_to_grid, empty=True)
+    d, dco, caps, bn, br = low.d, low.dco, low.caps, low.bn, low.br
+    if not low.fits:
+        raise PolicyTooLarge(f"a state of M = {M} models at N = {N} needs {low.key_bits} bits (62 fit); "
                              f"use a coarser --delta-ms")
-    offsets, parts, prob = _outcomes(N, M, P)
-    lo = np.zeros(M, dtype=np.int64)
-    hi = np.full(M, N + 1, dtype=np.int64)
-    res = K.policy_mdp_build(N, lo, hi, caps, d, dco_a, corun, cbar, offsets, parts, prob, bn, br,
-                             int(max_states), int(max_entries), True)
+    box = K.Box(np.zeros(M, dtype=np.int64), np.full(M, N + 1, dtype=np.int64))
+    res = K.policy_mdp_build(N, box, low.tables, K.Limits(int(max_states), int(max_entries)), True)
     st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init = res
     if st == K.TOO_LARGE:
         raise PolicyTooLarge(f"the all-policy decision process at N = {N} has more than {max_states:,} states "
@@ -173,7 +163,7 @@ def build_process(spec: SystemSpec, N: int, *, round_to_grid: bool = False, max_
     if st != K.OK:
         raise RuntimeError("the all-policy decision process reached a configuration with no option (internal)")
     nu = int(out_ptr[n])
-    return Process(spec, N, d, None if dco is None else dco_a, caps, int(n), keys[:n].copy(),
+    return Process(spec, N, d, dco, caps, int(n), keys[:n].copy(),
                    tau[:n].astype(np.float64), g[:n].copy(), out_ptr[:n + 1].copy(), out_prob[:nu].copy(),
                    opt_ptr[:nu + 1].copy(), opt_idx[:int(opt_ptr[nu])].copy(), ukey[:nu].copy(), int(key0),
                    init.copy(), bn, br)
@@ -204,11 +194,17 @@ def value_iteration(proc: Process, *, rtol: float = 1e-10, max_sweeps: int = 200
     per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
     terms = int(per_state.max()) + 8
     lam = float(np.sum(proc.g) / np.sum(proc.tau))
-    lo_b, hi_b, sweeps, _brackets = K.mdp_solve(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g,
-                                                proc.tau, h, lam, float(omega), max(1, int(every)),
-                                                max(0, int(nref)), float(rtol), float(max(floor_rtol, rtol)),
-                                                int(max_sweeps), terms)
+    settings = K.SolveSettings(float(omega), max(1, int(every)), max(0, int(nref)), float(rtol),
+                               float(max(floor_rtol, rtol)), int(max_sweeps), terms)
+    lo_b, hi_b, sweeps, _brackets = K.mdp_solve(_mdp(proc), h, lam, settings)
     return h, float(lo_b), float(hi_b), int(sweeps)
+
+
+def _mdp(proc: Process):
+    """The solvers' record of a process (:class:`optimizer._kernels.MDP`)."""
+    from optimizer import _kernels as K
+
+    return K.MDP(int(proc.n), proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau)
 
 
 def _choice_states(proc: Process, choice: np.ndarray, init_choice: int) -> np.ndarray:
@@ -304,8 +300,7 @@ def optimal_policy(spec: SystemSpec, N: int, *, round_to_grid: bool = False, rto
         h = hp
         from optimizer import _kernels as K
         per_state = proc.opt_ptr[proc.out_ptr[1:proc.n + 1]] - proc.opt_ptr[proc.out_ptr[:proc.n]]
-        a, b, mag = K.mdp_bracket(proc.n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g,
-                                  proc.tau, h)
+        a, b, mag = K.mdp_bracket(_mdp(proc), h)
         err = mag * 4 * (int(per_state.max()) + 8) * np.finfo(np.float64).eps
         hi_b = min(hi_b, b + err)
     empty = _uses_empty(proc, table, choice, init)
@@ -521,19 +516,14 @@ class RuleGrid:
 
 def rule_grid(spec: SystemSpec, N: int, *, round_to_grid: bool = False) -> RuleGrid:
     """The :class:`RuleGrid` of ``spec`` at N (cheap: no enumeration)."""
-    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+    from optimizer.bounds import lowered
 
     N = int(N)
-    d = np.ascontiguousarray(_quanta(spec, N, round_to_grid), dtype=np.int64)
-    dco = _corun_quanta(spec, N, round_to_grid)
-    dco = None if dco is None else np.ascontiguousarray(dco, dtype=np.int64)
-    dmax = int(d.max()) if dco is None else int(max(d.max(), dco.max()))
-    bn, br = max(1, N.bit_length()), max(1, dmax.bit_length())
-    if spec.M * (2 * bn + br) > 62:
-        raise PolicyTooLarge(f"a state of M = {spec.M} models at N = {N} needs {spec.M * (2 * bn + br)} bits "
+    low = lowered(spec, N, round_to_grid)
+    if not low.fits:
+        raise PolicyTooLarge(f"a state of M = {spec.M} models at N = {N} needs {low.key_bits} bits "
                              f"(62 fit); use a coarser --delta-ms")
-    return RuleGrid(spec, N, d, dco, spec.caps(N).astype(np.int64),
-                    _outcomes(N, spec.M, np.ascontiguousarray(spec.P)), bn, br)
+    return RuleGrid(spec, N, low.d, low.dco, low.caps, low.outcomes, low.bn, low.br)
 
 
 _CLASS_CODE = {"busy": 0, "residual": 1, "window": 2, "ratio": 3}
@@ -590,8 +580,9 @@ def class_chain_table(spec: SystemSpec, N: int, cls: str, params, *, round_to_gr
         grid = rule_grid(spec, N, round_to_grid=round_to_grid)
     code, par, order, caps, d, dco = _rule_args(grid, cls, params)
     offsets, parts, prob = grid.outcomes
-    st, n, ckeys, cmask, nc = K.class_reach(grid.N, code, par, order, caps, d, dco, grid.dco is not None, offsets,
-                                            parts, prob, grid.bn, grid.br, int(max_states))
+    tables = K.ChainTables(caps, d, dco, grid.dco is not None, np.zeros(grid.M), offsets, parts, prob, grid.bn,
+                           grid.br)
+    st, n, ckeys, cmask, nc = K.class_reach(grid.N, K.ClassRule(code, par, order), tables, int(max_states))
     if st == K.TOO_LARGE:
         raise PolicyTooLarge(f"the chain of class {cls} {tuple(int(x) for x in par.ravel())} at N = {grid.N} "
                              f"has more than {max_states:,} states")

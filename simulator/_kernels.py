@@ -68,6 +68,14 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from dtmc._kernels import corun_at_launch
+
+# The launch law's tie rule is dtmc's kernel (one copy).  numba's cache keys a function on its own file only,
+# so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
+# that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
+# invalidates this module's cache).
+_DTMC_KERNELS_SHA = "4f00f25bbe07a6dff94c8ac5ecaa9328491f7797340e74d2af803819abbbc2b5"
+
 
 class SimSystem(NamedTuple):
     """The served system: routing (cumulative rows ``pcum`` of P, tokens ``cmat``, expected tokens
@@ -252,11 +260,15 @@ def simulate_kernel(system, thresh, n_req, requests, run):
     while True:
         # launch rule, all idle models in one pass
         # (a model's launch changes only its own queue and batch, so the launching set is known up front)
-        n_busy = 0
+        n_running = 0
+        n_launching = 0
         if use_launch:
             for j in range(M):
-                if bs[j] > 0 or qk[j] >= thresh[j]:
-                    n_busy += 1
+                if bs[j] > 0:
+                    n_running += 1
+                elif qk[j] >= thresh[j]:
+                    n_launching += 1
+        co = corun_at_launch(use_launch, n_running, n_launching)
         for j in range(M):
             if bs[j] == 0 and qk[j] >= thresh[j]:
                 b = qk[j]
@@ -286,7 +298,7 @@ def simulate_kernel(system, thresh, n_req, requests, run):
                 qk[j] -= b
                 bs[j] = b
                 d = lat[j, b]
-                if use_launch and n_busy >= 2:
+                if co:
                     # launch law: at least one other model is running or starting with this one
                     d = lat_co[j, b]
                     if measuring:

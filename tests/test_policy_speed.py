@@ -22,10 +22,11 @@ def _old_value_iteration(proc, rtol=1e-10, omega=0.7, max_sweeps=200_000):
     lam = float(np.sum(proc.g) / np.sum(proc.tau))
     lo_b, hi_b = -math.inf, math.inf
     sweeps, step = 0, 8
+    mdp = K.MDP(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau)
     while True:
-        K.mdp_sweeps(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h, lam, step, omega)
+        K.mdp_sweeps(mdp, h, lam, step, omega)
         sweeps += step
-        a, b, mag = K.mdp_bracket(n, proc.out_ptr, proc.out_prob, proc.opt_ptr, proc.opt_idx, proc.g, proc.tau, h)
+        a, b, mag = K.mdp_bracket(mdp, h)
         err = mag * 4 * terms * np.finfo(np.float64).eps
         lo_b, hi_b = max(lo_b, a - err), min(hi_b, b + err)
         lam = 0.5 * (lo_b + hi_b)

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from tr_core.cli import Progress, add_output_args, add_quiet_arg, emit, format_gain, output_format, \
     parse_int_ranges
+from tr_core.units import positive_number
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
 from shadow_prefill.cluster.policies import APPROACH_NAMES, get_policy
@@ -143,13 +144,8 @@ def _capacity(args, ss):
         return None
 
     def conv(v: str) -> float:
-        try:
-            x = float(v)
-        except ValueError:
-            raise ShadowError(f"--capacity-rps: expected a number of requests/s, got {v!r}") from None
-        if not (x > 0 and math.isfinite(x)):
-            raise ShadowError(f"--capacity-rps: must be > 0 requests/s, got {v!r}")
-        return x
+        return positive_number(v, error=ShadowError, not_a_number="--capacity-rps: expected a number of requests/s",
+                               not_positive="--capacity-rps: must be > 0 requests/s")
     default, named = name_values(args.capacity, "--capacity-rps", conv)
     unknown = sorted(set(named) - set(ss.model_names))
     if unknown:

@@ -161,23 +161,33 @@ def refuse_given(args, dests: Sequence[str], reason: str) -> None:
 
 
 def fields_as_flags(args, fields: dict):
-    """Context manager: a library error that starts with a field name (``max_gap must be in [0, 1)``) is
-    re-raised naming the flag the user typed for it (``--max-gap must be in [0, 1)``), same type.
+    """Context manager: a library error that names its fields is re-raised naming the flags the user typed for
+    them, same type: the one place a field is mapped to a flag.
 
-    ``fields`` maps a library field to the parser dest that carries it (``{"max_gap": "max_gap"}``).
+    ``fields`` maps a library field to the parser dest that carries it (``{"max_gap": "max_gap"}``).  An error
+    that keeps its message as a template (:class:`tr_core.search_options.FieldError`, ``FieldLimit``) is
+    rendered with every field it names as a flag (``--max-gap applies to --search certified or auto``); any
+    other error that starts with a field name (``max_gap must be in [0, 1)``) gets that one field's flag.
     """
     import contextlib
+
+    def flag_of(name: str) -> str:
+        dest = fields.get(name)
+        return name if dest is None else flag_name(args, dest, "--" + dest.replace("_", "-"))
 
     @contextlib.contextmanager
     def _ctx():
         try:
             yield
         except TRError as e:
+            render = getattr(e, "render", None)
+            if callable(render) and getattr(e, "template", None):
+                e.args = (render(flag_of),) + tuple(e.args[1:])
+                raise
             msg = str(e)
-            for field_name, dest in fields.items():
+            for field_name in fields:
                 if msg.startswith(field_name) and msg[len(field_name):len(field_name) + 1] in (" ", "[", ":", "="):
-                    flag = flag_name(args, dest, "--" + dest.replace("_", "-"))
-                    e.args = (flag + msg[len(field_name):],) + tuple(e.args[1:])
+                    e.args = (flag_of(field_name) + msg[len(field_name):],) + tuple(e.args[1:])
                     break
             raise
     return _ctx()
@@ -482,6 +492,39 @@ def finite_float(text: str) -> float:
     if not math.isfinite(x):
         raise ValueError(text)
     return x
+
+
+def check_number(value, flag: str, *, ge=None, gt=None, le=None, lt=None, unit: str = ""):
+    """The one check of a numeric flag's value (None passes: not given): finite, and within the bounds
+    given (``ge`` >=, ``gt`` >, ``le`` <=, ``lt`` <); else ``SpecError("--flag must be > 0 seconds, got 0")``.
+    Returns the value."""
+    import math
+    if value is None:
+        return value
+    bounds = [(op, b) for op, b in ((">=", ge), (">", gt), ("<=", le), ("<", lt)) if b is not None]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and all(
+        {">=": value >= b, ">": value > b, "<=": value <= b, "<": value < b}[op] for op, b in bounds)
+    if not ok:
+        if len(bounds) == 2 and bounds[0][0].startswith(">") and bounds[1][0].startswith("<"):
+            (o1, b1), (o2, b2) = bounds
+            rule = f"in {'[' if o1 == '>=' else '('}{b1:g}, {b2:g}{']' if o2 == '<=' else ')'}"
+        else:
+            rule = " and ".join(f"{op} {b:g}" for op, b in bounds) or "finite"
+        got = f"{value:g}" if isinstance(value, float) else repr(value) if not isinstance(value, int) else str(value)
+        raise SpecError(f"{flag} must be {rule}{unit}, got {got}")
+    return value
+
+
+def parse_int_or_word(text, flag: str, words: Sequence[str], *, ge: int = 1):
+    """A flag value that is an integer >= ``ge`` or one of ``words`` (``auto``, ``none``; the message names the
+    first): the word (lower case) or the integer; else ``SpecError`` naming the flag."""
+    if str(text).lower() in words:
+        return str(text).lower()
+    try:
+        k = int(text)
+    except (TypeError, ValueError):
+        raise SpecError(f"{flag} must be an integer >= {ge} or {words[0]!r}, got {text!r}") from None
+    return check_number(k, flag, ge=ge)
 
 
 # ----------------------------------------------------------------------------------------------- output

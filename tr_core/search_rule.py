@@ -13,6 +13,9 @@ import math
 SEARCHES = ("exhaustive", "pruned", "certified", "local", "auto")
 CERTIFICATES = ("exhaustive", "pruned-exact", "certified", "local")
 DEFAULT_SEARCH = "auto"
+# the searches that take a gap (``max_gap``); any other search with a gap would drop it: refused
+# (tr_core.search_options.SearchOptions)
+GAP_SEARCHES = ("certified", "auto")
 # the relative gap between B*'s throughput and the proven upper bound at which a certified search stops
 DEFAULT_MAX_GAP = 0.005
 # ``auto`` searches exhaustively up to this many feasible vectors (N = 20 for two models) ...

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tr_core.cli import add_list_arg, flag_name, given, refuse_given
+from tr_core.cli import add_list_arg, flag_name, given, parse_int_or_word, refuse_given
 from tr_core.errors import SpecError
 from tr_core.spec import DEFAULT_DELTA_MS, PRESETS, SystemSpec, load_spec, preset
 
@@ -109,16 +109,8 @@ def parse_caps(values, M: int) -> tuple[int | None, ...] | None:
         raise SpecError(f"--max-batch needs M = {M} values (one per model), got {len(values)}")
     caps: list[int | None] = []
     for v in values:
-        if str(v).lower() in ("none", "null", "-"):
-            caps.append(None)
-            continue
-        try:
-            c = int(v)
-        except ValueError:
-            raise SpecError(f"--max-batch values must be integers >= 1 or 'none', got {v!r}") from None
-        if c < 1:
-            raise SpecError(f"--max-batch values must be >= 1, got {c}")
-        caps.append(c)
+        c = parse_int_or_word(v, "--max-batch values", ("none", "null", "-"))
+        caps.append(None if isinstance(c, str) else c)
     return tuple(caps)
 
 

@@ -35,14 +35,23 @@ def _default(fn, name: str):
 
 
 # keyword -> the searches that use it (any other search would drop it silently: refused instead)
-_SEARCH_ONLY = {"max_gap": ("certified", "auto"), "time_budget_s": ("pruned", "certified", "auto"),
+# (max_gap's rule is SearchOptions': tr_core.search_options)
+_SEARCH_ONLY = {"time_budget_s": ("pruned", "certified", "auto"),
                 "candidates": ("exhaustive", "pruned", "certified", "auto"), "boxes": ("pruned", "certified", "auto"),
                 "policies": ("pruned", "certified", "local", "auto"), "policy_bound_n": ("pruned", "certified", "local", "auto")}
 
 
 def _refuse_conflicts(name: str, kwargs: dict, default_search) -> None:
-    """Keywords the call would silently drop are refused, naming the keyword (the CLI refuses its flags)."""
+    """The search options among the keywords are checked once, by :class:`tr_core.search_options.SearchOptions`
+    (``max_gap`` with a search that takes none refused); other keywords the call would silently drop are refused,
+    naming the keyword (the CLI refuses its flags)."""
     from tr_core.errors import SpecError
+    from tr_core.search_options import SEARCH_FIELDS, SearchOptions
+    given = {k: kwargs[k] for k in SEARCH_FIELDS if k in kwargs and k != "search"}
+    if default_search is not None:
+        given["search"] = kwargs.get("search", default_search)
+    if given:
+        SearchOptions(**given)
     if default_search is not None:
         search = kwargs.get("search", default_search)
         for key, searches in _SEARCH_ONLY.items():

@@ -68,6 +68,7 @@ from typing import Any, Callable, Mapping
 
 from tr_core.cli import is_interrupt
 from tr_core import search_rule as S_RULE
+from tr_core.search_options import FieldError, FieldLimit, SearchOptions, check_fields
 from tr_core.errors import SolverFailed, SpecError, StateSpaceTooLarge, TRError
 from tr_core.spec import SystemSpec, spec_from_dict, spec_to_dict
 from tr_model.thresholds import (POLICY_SCHEMA_VERSION, THRESHOLDS_FORMAT, THRESHOLDS_SCHEMA_VERSION,
@@ -79,7 +80,8 @@ DEFAULT_MAX_GAP = S_RULE.DEFAULT_MAX_GAP  # certified rows: the relative gap at 
 WORKER_WRITE_INTERVAL_S = 0.2
 log = logging.getLogger("tr_model.autotune")
 
-__all__ = ["on_server_start", "tune", "inputs_sha256", "thresholds_document", "write_thresholds", "solver_options",
+__all__ = ["on_server_start", "tune", "inputs_sha256", "thresholds_document", "write_thresholds", "write_sweep",
+           "solver_options",
            "stop_worker", "spawn_worker"]
 
 _WORKERS: dict[str, subprocess.Popen] = {}  # out path -> the worker this process started for it
@@ -112,13 +114,9 @@ def solver_options(solver: str = "auto", tol: float | None = None, max_states: i
     seconds; the row is then certified with whatever gap its bounds reached
     (possibly above ``max_gap``), so the worker keeps moving through N.
     """
-    if search not in SEARCHES:
-        raise SpecError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}")
-    if isinstance(max_gap, bool) or not isinstance(max_gap, (int, float)) or not 0 <= max_gap < 1:
-        raise SpecError(f"max_gap must be a number in [0, 1), got {max_gap!r}")
-    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
-                                        or max_evaluations < 1):
-        raise SpecError(f"max_evaluations must be an integer >= 1, got {max_evaluations!r}")
+    # each value on its own (the rule between search and max_gap is SearchOptions'; the hash records the gap)
+    check_fields(search=search, max_gap=max_gap, solver=solver, tol=tol, max_states=max_states,
+                 max_evaluations=max_evaluations)
     if time_budget_per_n_s is not None and (isinstance(time_budget_per_n_s, bool)
                                             or not isinstance(time_budget_per_n_s, (int, float))
                                             or not math.isfinite(time_budget_per_n_s) or time_budget_per_n_s <= 0):
@@ -220,8 +218,8 @@ def thresholds_document(spec: SystemSpec, max_concurrency: int, entries: list, *
     return doc
 
 
-def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
-    """Write atomically (temp file in the same folder, fsync, rename); the old file survives any failure."""
+def _write_json(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
+    """Write a JSON document atomically (temp file in the same folder, fsync, rename)."""
     from tr_core.fileio import atomic_write
 
     def dump(f):
@@ -229,6 +227,38 @@ def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
         f.write("\n")
 
     atomic_write(path, dump)
+
+
+def write_thresholds(path: str | os.PathLike, doc: Mapping[str, Any]) -> ThresholdTable:
+    """The one writer of thresholds files: the document is first validated by the reader (a file the reader
+    would refuse is never written: ThresholdFileError), then written atomically (temp file in the same folder,
+    fsync, rename; the old file survives any failure).  Returns the validated table."""
+    table = ThresholdTable.from_dict(doc, where=f"the thresholds document for {os.fspath(path)!r}",
+                                     path=os.fspath(path))
+    _write_json(path, doc)
+    return table
+
+
+def write_sweep(path: str | os.PathLike, spec: SystemSpec, optima: list, options: Mapping[str, Any], *,
+                policy_rows: list | None = None, tool: str = TOOL) -> ThresholdTable:
+    """A thresholds file from the results of a finished sweep N = 1..K (``tr-optimize --thresholds``).
+
+    ``optima``: one ``Optimum`` per N = 1..K in order; ``options``: :func:`solver_options` (the inputs hash);
+    ``policy_rows``: per N, the compact policy searched from B*(N) (``thresholds``, ``throughput_tok_s``,
+    ``seconds``) when ``options`` name a policy class.  Written by :func:`write_thresholds`."""
+    K = len(optima)
+    entries = []
+    for i, o in enumerate(optima):
+        e = _entry(o, options["search"])
+        if options.get("policy"):
+            p = policy_rows[i]
+            e.update(policy_thresholds=p["thresholds"], policy_certificate="local",
+                     policy_predicted_tok_s=p["throughput_tok_s"], policy_seconds=p["seconds"])
+        entries.append(e)
+    doc = thresholds_document(spec, K, entries, inputs_hash=inputs_sha256(spec, K, options),
+                              provenance={"created_utc": _now(), "options": dict(options), "tool": tool},
+                              **_doc_policy(options))
+    return write_thresholds(path, doc)
 
 
 def _num(x):
@@ -476,15 +506,17 @@ def tune(spec: SystemSpec, max_concurrency: int, out: str | os.PathLike, *, time
     if not isinstance(spec, SystemSpec):
         raise SpecError("spec must be a SystemSpec (build it with tr_model.make_spec or tr_model.load_spec)")
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or not 1 <= max_concurrency <= 10 ** 6:
-        raise SpecError(f"max_concurrency must be an integer in 1..1000000, got {max_concurrency!r}")
+        raise FieldError("{max_concurrency} must be an integer in 1..1000000, got {0}", max_concurrency)
     if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float))
                                       or not math.isfinite(time_budget_s) or time_budget_s < 0):
-        raise SpecError(f"time_budget_s must be >= 0 seconds, got {time_budget_s!r}")
+        raise FieldError("{time_budget_s} must be >= 0 seconds, got {0}", time_budget_s)
     if background and time_budget_s is None:
-        raise SpecError("background applies with time_budget_s (the worker finishes what the budget leaves); "
-                        "without time_budget_s everything is computed here: give time_budget_s or drop background")
-    if max_gap is not None and search not in ("certified", "auto"):
-        raise SpecError(f"max_gap applies to search = 'certified' or 'auto', not {search!r} (it would be dropped)")
+        raise FieldError("{background} applies with {time_budget_s} (the worker finishes what the budget leaves); "
+                         "without {time_budget_s} everything is computed here: give {time_budget_s} or drop "
+                         "{background}")
+    # the search options, checked once (tr_core.search_options): max_gap with a search that takes none refused
+    SearchOptions(search=search, max_gap=max_gap, solver=solver, tol=tol, max_states=max_states,
+                  max_evaluations=max_evaluations, max_hours=max_hours)
     from optimizer.evaluate import check_representable
     check_representable(spec, max_concurrency, name="max_concurrency")
     out = os.fspath(out)
@@ -536,10 +568,8 @@ def _table(doc: dict, document: dict | None, **kw) -> ThresholdTable:
 
 
 def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mapping[str, Any], max_hours: float):
-    """Refuse rows ``done + 1 .. max_concurrency`` when their estimated time is above ``max_hours``."""
-    if isinstance(max_hours, bool) or not isinstance(max_hours, (int, float)) or not max_hours > 0 \
-            or not math.isfinite(max_hours):
-        raise SpecError(f"max_hours must be > 0 hours, got {max_hours!r}")
+    """Refuse rows ``done + 1 .. max_concurrency`` when their estimated time is above ``max_hours``
+    (:class:`FieldLimit`, exit code 3, naming ``max_hours`` and ``time_budget_s``: a command line names its flags)."""
     if done >= max_concurrency:
         return
     from optimizer.cost import check_sweep_seconds, sweep_seconds
@@ -547,11 +577,15 @@ def _check_hours(spec: SystemSpec, max_concurrency: int, done: int, opts: Mappin
     per_n = opts.get("time_budget_per_n_s")
     if per_n is not None and sweep_seconds(spec.M, span, opts["search"]) > per_n * (max_concurrency - done):
         return  # bounded by the budget per N
-    check_sweep_seconds(spec.M, span, opts["search"], max_hours, limit_name="max_hours",
-                        what=f"max_concurrency = {max_concurrency:,}: computing the rows N = "
-                        f"{done + 1:,}..{max_concurrency:,}",
-                        advice="lower it, give time_budget_s (the rows come as time allows, the rest "
-                        "extrapolated), or raise max_hours")
+    from tr_core.errors import WorkTooLarge
+    try:  # the message is a template of fields ({max_hours}); its numbers hold no braces
+        check_sweep_seconds(spec.M, span, opts["search"], max_hours, limit_name="{max_hours}",
+                            what=f"{{max_concurrency}} = {max_concurrency:,}: computing the rows N = "
+                            f"{done + 1:,}..{max_concurrency:,}",
+                            advice="lower it, give {time_budget_s} (the rows come as time allows, the rest "
+                            "extrapolated), or raise {max_hours}")
+    except WorkTooLarge as e:
+        raise FieldLimit(str(e)) from None
 
 
 def _compute_here(spec, max_concurrency, out, h, opts, doc, *, cache_file, worker_lock, worker_token, progress,
@@ -615,7 +649,7 @@ def _compute_here(spec, max_concurrency, out, h, opts, doc, *, cache_file, worke
         raise (SolverFailed if isinstance(failure, SolverFailed) else SpecError)(stopped) from None
     table = None
     try:
-        write_thresholds(out, doc)
+        table = write_thresholds(out, doc)
     except SpecError as e:
         if not keep_on_write_error:
             raise
@@ -740,9 +774,9 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
     # A live worker for other inputs is not signalled: replacing the lock's token below makes it stop
     # (without writing) at its next ownership check.
     token = os.urandom(16).hex()
-    write_thresholds(lock, {"token": token, "inputs_sha256": inputs_hash, "started_utc": _now()})
+    _write_json(lock, {"token": token, "inputs_sha256": inputs_hash, "started_utc": _now()})
     job = out + ".worker-job.json"
-    write_thresholds(job, {"spec": spec_to_dict(spec), "max_concurrency": max_concurrency, "out": out,
+    _write_json(job, {"spec": spec_to_dict(spec), "max_concurrency": max_concurrency, "out": out,
                            "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
                            "options": dict(options or solver_options()), "lock": lock, "token": token})
     cmd = [sys.executable, "-m", "tr_model.autotune", "--worker", job]
@@ -753,7 +787,7 @@ def spawn_worker(spec: SystemSpec, max_concurrency: int, out: str, inputs_hash: 
     finally:
         logf.close()
     if _owns_lock(lock, token):
-        write_thresholds(lock, {"token": token, "pid": proc.pid, "inputs_sha256": inputs_hash,
+        _write_json(lock, {"token": token, "pid": proc.pid, "inputs_sha256": inputs_hash,
                                 "started_utc": _now()})
     _WORKERS[out] = proc
     return proc
@@ -764,7 +798,8 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
                     solver: str = "auto", tol: float | None = None, max_states: int | None = None,
                     round_to_grid: bool = False, search: str = "auto", max_gap: float | None = None,
                     max_evaluations: int | None = None, time_budget_per_n_s: float | None = None,
-                    policy: str | None = None, policy_max_n: int | None = None) -> ThresholdTable:
+                    max_hours: float | None = None, policy: str | None = None,
+                    policy_max_n: int | None = None) -> ThresholdTable:
     """The thresholds a server should use now, by ``time_budget_s`` seconds; never raises for a failure.
 
     Returns the cached table at once when the inputs hash matches; otherwise
@@ -784,8 +819,8 @@ def on_server_start(spec: SystemSpec, max_concurrency: int, out: str | os.PathLi
         return tune(spec, max_concurrency, out, time_budget_s=time_budget_s, cache_dir=cache_dir,
                     background=background and time_budget_s is not None, solver=solver, tol=tol, max_states=max_states,
                     round_to_grid=round_to_grid, search=search, max_gap=max_gap, max_evaluations=max_evaluations,
-                    time_budget_per_n_s=time_budget_per_n_s, policy=policy, policy_max_n=policy_max_n,
-                    keep_on_write_error=True)
+                    time_budget_per_n_s=time_budget_per_n_s, max_hours=max_hours, policy=policy,
+                    policy_max_n=policy_max_n, keep_on_write_error=True)
     except Exception as e:  # noqa: BLE001 - a server must start whatever happened
         log.warning("tr-autotune: %s; using the eager fallback (all thresholds 1)", _first_line(e))
     return ThresholdTable.eager(M, max_concurrency)

@@ -24,11 +24,15 @@ import json
 import math
 import sys
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, emit,
+from tr_core.cli import (Parser, add_list_arg, check_number, add_output_args, add_quiet_arg, add_version, emit,
                          fields_as_flags, flag_name, format_gain, format_table, note, output_format, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError
+from tr_core.search_options import SEARCH_FIELDS
+from tr_core.search_rule import DEFAULT_MAX_HOURS
 from tr_core.system_args import add_system_args, build_system
+
+RUN_DEFAULTS = {"max_hours": DEFAULT_MAX_HOURS}  # tr-autotune run's own defaults of the search options
 
 SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export", "serve")
 MIN_EMULATED_STEP_S = 2e-4   # measure: a shorter emulated step is below what asyncio's timers resolve
@@ -68,24 +72,8 @@ def _add_run(sub) -> None:
     t.add_argument("--background", action="store_true", help="with --time-budget-s: finish the remaining N in a "
                    "separate process that replaces the file atomically when done")
     t.add_argument("--cache-dir", metavar="DIR", help="also keep complete tables as DIR/<inputs_sha256>.json")
-    import dtmc
-    from tr_core.search_rule import DEFAULT_MAX_GAP, SEARCHES, search_help
-
-    t.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver: "
-                   + dtmc.solver_help("auto"))
-    t.add_argument("--tol", type=float, help="stationary residual tolerance (default: the solver's)")
-    t.add_argument("--max-states", type=int, metavar="S", help="stop the table before the first N whose chain "
-                   "has more than S states")
-    t.add_argument("--search", choices=SEARCHES, help="threshold search per N (default auto; every row records "
-                   "its certificate): " + search_help("auto"))
-    t.add_argument("--max-gap", type=float, metavar="G", help="certified rows: largest relative gap between the "
-                   f"row's throughput and the proven upper bound (default {DEFAULT_MAX_GAP:g})")
-    t.add_argument("--max-evaluations", type=int, metavar="K", help="refuse an N whose search would solve more "
-                   "chains than this (exit code 3)")
-    from tr_core.search_rule import DEFAULT_MAX_HOURS
-    t.add_argument("--max-hours", type=float, default=DEFAULT_MAX_HOURS, metavar="H", help="refuse rows whose "
-                   "time, estimated before any work from the rates measured for two models (one core), is above "
-                   "this many hours (default %(default)g; exit code 3; not with --time-budget-s in the foreground)")
+    from tr_model.cli import add_search_options
+    add_search_options(t, defaults=RUN_DEFAULTS)
     from tr_model.launch_policy import POLICY_CLASSES
     t.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
                    "policy class at each N (from B*(N)) and write a schema-version-3 file the runtime executes: "
@@ -242,18 +230,6 @@ def _add_serve(sub) -> None:
 # -------------------------------------------------------------------------------------------------- helpers
 
 
-def _positive_int(value, flag: str, lo: int = 1) -> None:
-    if value is not None and value < lo:
-        raise SpecError(f"{flag} must be >= {lo}, got {value}")
-
-
-def _positive_float(value, flag: str, *, zero_ok: bool = False) -> None:
-    if value is None:
-        return
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise SpecError(f"{flag} must be {'>=' if zero_ok else '>'} 0, got {value:g}")
-
-
 def _summary(table) -> tuple[list, list]:
     """Rows N, B*, predicted and eager tokens/s, gain (``1.111x``) over the computed rows."""
     headers = ["N", "B*", "predicted_tok_s", "eager_tok_s", "gain_vs_eager"]
@@ -286,11 +262,11 @@ def _policy_text(rows) -> str:
     return " ".join("(" + ", ".join("never" if b is None else str(b) for b in r) + ")" for r in rows)
 
 
-def _table_text(table, fmt: str, path: str) -> str:
+def _table_text(table, fmt: str, doc) -> str:
+    """The table as text; ``json``: its document ``doc`` (as read or written, never read again)."""
     headers, rows = _summary(table)
     if fmt == "json":
-        with open(path, "r", encoding="utf-8") as f:
-            return json.dumps(json.load(f), indent=1) + "\n"
+        return json.dumps(doc, indent=1) + "\n"
     if fmt == "csv":
         return to_csv(headers, [r[:4] + ["" if r[4] is None else f"{r[4]:.4f}"] + r[5:] for r in rows])
     status = "complete" if table.complete else f"partial (N = 1..{table.covered_concurrency})"
@@ -312,37 +288,35 @@ def _why_partial(table) -> str | None:
 
 
 def _tune_options(a) -> dict:
-    """tune()'s options that the user set (defaults are the tuner's own)."""
-    kw = dict(time_budget_s=a.time_budget_s, cache_dir=a.cache_dir, background=a.background, solver=a.solver,
-              tol=a.tol, max_states=a.max_states, max_hours=a.max_hours)
-    for name in ("search", "max_evaluations", "max_gap", "policy", "policy_max_n"):
+    """tune()'s keywords from the flags: the search options (checked once, by SearchOptions) and the rest."""
+    from tr_core.search_options import search_options_from_args
+    opts = search_options_from_args(a, defaults=RUN_DEFAULTS)
+    kw = dict(time_budget_s=a.time_budget_s, cache_dir=a.cache_dir, background=a.background,
+              **{k: getattr(opts, k) for k in SEARCH_FIELDS})
+    for name in ("policy", "policy_max_n"):
         if getattr(a, name, None) is not None:
             kw[name] = getattr(a, name)
     return kw
 
 
-# tune()'s keywords -> the dest of the flag that carries each
-TUNE_FIELDS = {"max_concurrency": "N", "time_budget_s": "time_budget_s", "cache_dir": "cache_dir", "solver": "solver",
-               "tol": "tol", "max_states": "max_states", "search": "search", "max_gap": "max_gap",
-               "max_evaluations": "max_evaluations", "max_hours": "max_hours", "out": "thresholds",
-               "policy": "policy", "policy_max_n": "policy_max_n"}
+# tune()'s keywords -> the dest of the flag that carries each (the search options' flags are their own names)
+TUNE_FIELDS = {**{k: k for k in SEARCH_FIELDS}, "max_concurrency": "N", "time_budget_s": "time_budget_s",
+               "background": "background", "cache_dir": "cache_dir", "out": "thresholds", "policy": "policy",
+               "policy_max_n": "policy_max_n"}
 
 
 def _cmd_run(a) -> int:
     from tr_core.cli import check_out_path
     from tr_model import autotune
-    _positive_int(a.N, flag_name(a, "N", "--N"))
-    _positive_float(a.time_budget_s, "--time-budget-s", zero_ok=True)
+    from tr_model.thresholds import ThresholdTable
+    check_number(a.N, flag_name(a, "N", "--N"), ge=1)
+    check_number(a.time_budget_s, "--time-budget-s", ge=0)
     if a.background and a.time_budget_s is None:
         raise SpecError("--background needs --time-budget-s (otherwise everything is computed in the foreground)")
-    _positive_int(a.max_states, "--max-states")
-    _positive_int(a.max_evaluations, "--max-evaluations")
-    _positive_float(a.tol, "--tol")
-    _positive_int(a.policy_max_n, "--policy-max-n")
+    check_number(a.policy_max_n, "--policy-max-n", ge=1)
     if a.policy is None:
         refuse_given(a, ["policy_max_n"], "applies with --policy (the class whose search it limits)")
-    if (a.search or "auto") not in ("certified", "auto"):
-        refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
+    options = _tune_options(a)  # the search options checked (SearchOptions: max_gap with --search exhaustive)
     if a.time_budget_s is not None and not a.background:
         refuse_given(a, ["max_hours"], "has no effect with --time-budget-s in the foreground (the budget bounds the "
                      "work; the rows it leaves are extrapolated): drop one of them, or add --background")
@@ -353,38 +327,32 @@ def _cmd_run(a) -> int:
     if not a.quiet:
         for line in system.notes():
             note(line)
-    from tr_core.errors import WorkTooLarge
     written: dict = {}  # the document of the table: printed as is (another run may replace the file meanwhile)
-    try:
-        with fields_as_flags(a, TUNE_FIELDS):  # a library error names its field: say the flag instead
-            table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
-                                  document=written, **_tune_options(a))
-    except WorkTooLarge as e:  # the estimate's limit and way out are named after the library's keyword
-        e.args = (str(e).replace("max_hours", "--max-hours").replace("time_budget_s", "--time-budget-s"),)
-        raise
+    with fields_as_flags(a, TUNE_FIELDS):  # a library error names its fields: say the flags instead
+        table = autotune.tune(system.spec, a.N, a.thresholds, round_to_grid=system.round_to_grid,
+                              document=written, **options)
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
-    if a.format == "json" and written:
-        sys.stdout.write(json.dumps(written, indent=1) + "\n")
-    else:
-        sys.stdout.write(_table_text(table, a.format, a.thresholds))
+    if a.format == "json" and not written:  # a table served from memory leaves no document: the file's
+        written = ThresholdTable.load_with_document(a.thresholds)[1]
+    sys.stdout.write(_table_text(table, a.format, written))
     return 0
 
 
 def _cmd_show(a) -> int:
     from tr_model.thresholds import ThresholdTable
-    _positive_int(a.require_N, flag_name(a, "require_N", "--require-N"))
-    _positive_int(a.N, flag_name(a, "N", "--N"), lo=0)
+    check_number(a.require_N, flag_name(a, "require_N", "--require-N"), ge=1)
+    check_number(a.N, flag_name(a, "N", "--N"), ge=0)
     fmt = output_format(a)
-    table = ThresholdTable.load(a.file, require_concurrency=a.require_N)
-    for line in _embedded_spec_notes(a.file):  # a model never reached: its column of thresholds means nothing
+    table, doc = ThresholdTable.load_with_document(a.file, require_concurrency=a.require_N)
+    for line in _embedded_spec_notes(doc, a.file):  # a model never reached: its column of thresholds means nothing
         note(line)
     if a.N is None:
         why = _why_partial(table)
         if why:
             note(why)
-        emit(_table_text(table, fmt, a.file), a.out)
+        emit(_table_text(table, fmt, doc), a.out)
         return 0
     b = table.lookup(a.N)
     pol = table.policy_of(a.N) if table.policy_class is not None else None
@@ -433,8 +401,8 @@ def _kv_plan_text(plan, doc: dict, fmt: str, N) -> str:
 
 def _cmd_kv_plan(a) -> int:
     from tr_model.kvplan import load_placement, plan_kv_cache, plan_to_dict
-    _positive_int(a.N, flag_name(a, "N", "--N"))
-    _positive_float(a.gpu_memory_gib, "--gpu-memory-gib")
+    check_number(a.N, flag_name(a, "N", "--N"), ge=1)
+    check_number(a.gpu_memory_gib, "--gpu-memory-gib", gt=0)
     fmt = output_format(a)
     placement = load_placement(a.placement, gpu_memory_gib=a.gpu_memory_gib,
                                memory_budget_fraction=a.memory_budget_fraction)
@@ -459,17 +427,17 @@ MAX_MEASURE_S = 86_400.0  # measure: wall-clock seconds (warm-up + window) one r
 
 
 def _check_measure(a) -> None:
-    _positive_int(a.N, flag_name(a, "N", "--N"))
+    check_number(a.N, flag_name(a, "N", "--N"), ge=1)
     for flag, v in (("--time-scale", a.time_scale), ("--duration-s", a.duration_s)):
-        _positive_float(v, flag)
-    _positive_float(a.warmup_s, "--warmup-s", zero_ok=True)
+        check_number(v, flag, gt=0)
+    check_number(a.warmup_s, "--warmup-s", ge=0)
     total = a.duration_s + a.warmup_s
     if total > MAX_MEASURE_S:
         from tr_core.errors import WorkTooLarge
         raise WorkTooLarge(f"--duration-s {a.duration_s:g} with --warmup-s {a.warmup_s:g} is {total / 3600:,.1f} hours "
                            f"of wall-clock time, more than the {MAX_MEASURE_S / 3600:g} hours one measurement may "
                            f"take; shorten them (a longer --time-scale is measured in the same wall-clock time)")
-    _positive_int(a.output_tokens, "--output-tokens")
+    check_number(a.output_tokens, "--output-tokens", ge=1)
 
 
 def _cmd_measure(a) -> int:
@@ -547,19 +515,15 @@ def _export_text(args, fmt: str, notes: list) -> str:
     return " ".join(args.argv()) + "\n"
 
 
-def _embedded_spec(path: str):
-    """The spec embedded in a thresholds file the reader has already validated (None when absent)."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f).get("spec")
-    except (OSError, ValueError, AttributeError):
-        return None
+def _embedded_spec(doc):
+    """The spec embedded in a thresholds document the reader has validated (None when absent)."""
+    return doc.get("spec") if isinstance(doc, dict) else None
 
 
-def _embedded_spec_notes(path: str) -> list:
+def _embedded_spec_notes(doc, path: str) -> list:
     """What the embedded spec's routing makes of the table (as ``run`` said when it wrote it): a model never
     reached or left for good, a model keeping every request, no token committed."""
-    doc = _embedded_spec(path)
+    doc = _embedded_spec(doc)
     if not isinstance(doc, dict):
         return []
     from tr_core.spec import spec_from_dict
@@ -601,11 +565,11 @@ def _cmd_export(a) -> int:
     from tr_model.thresholds import ThresholdTable
     if a.target != "r2r":
         raise SpecError("export needs a target: tr-autotune export r2r --thresholds FILE")
-    _positive_int(a.N, "--N")
+    check_number(a.N, "--N", ge=1)
     fmt = output_format(a)
-    table = ThresholdTable.load(a.thresholds)
+    table, doc = ThresholdTable.load_with_document(a.thresholds)
     args = r2r_launch_args(table, a.N)
-    notes = args.provenance_lines() + r2r_spec_notes(_embedded_spec(a.thresholds))
+    notes = args.provenance_lines() + r2r_spec_notes(_embedded_spec(doc))
     notes += _policy_export_notes(table, args.max_concurrency)
     if args.max_concurrency == 1:
         notes.append("with one entry R2R reads each flag as an int (its large model then ignores it); "
@@ -619,26 +583,31 @@ def _cmd_export(a) -> int:
 
 def _serve_thresholds(a):
     """(thresholds object, spec document of the file or None, label, max concurrency of the file or None)."""
-    from tr_model.thresholds import ThresholdTable, WatchedThresholds
+    from tr_model.thresholds import WatchedThresholds
     if a.eager:
         if a.N is None:
             raise SpecError("--eager needs --N, the largest number of requests in flight")
         return None, None, "eager", None
-    table = ThresholdTable.load(a.thresholds)
-    with open(a.thresholds, "r", encoding="utf-8") as f:
-        spec_doc = json.load(f).get("spec")
-    watched = WatchedThresholds(a.thresholds, check_interval_s=a.check_interval_s,
-                                accept=_same_system_as(table), on_error=_log_reload_error)
+    # one read of the file: the table, its embedded spec and the reload baseline all come from it
+    watched = WatchedThresholds(a.thresholds, check_interval_s=a.check_interval_s, accept=_same_system_as_first(),
+                                on_error=_log_reload_error)
+    table = watched.table
     why = _why_partial(table)
     if why and not a.quiet:
         note(why)
-    return watched, spec_doc, f"file {a.thresholds}", table.max_concurrency
+    return watched, watched.spec_document, f"file {a.thresholds}", table.max_concurrency
 
 
-def _same_system_as(first):
-    """The start-up checks a reload must pass too: the same number of models and, when the file embeds its
-    spec, the same spec (its hash); otherwise the reload is refused and the old table kept."""
+def _same_system_as_first():
+    """The start-up checks a reload must pass too: the same number of models as the first table loaded and, when
+    the file embeds its spec, the same spec (its hash); otherwise the reload is refused and the old table kept."""
+    tables: list = []
+
     def accept(table) -> str | None:
+        if not tables:  # the first load: the baseline
+            tables.append(table)
+            return None
+        first = tables[0]
         if table.num_models != first.num_models:
             return (f"the new table has {table.num_models} models, the server runs {first.num_models} "
                     f"('num_models')")
@@ -671,7 +640,7 @@ def _torch_serve_executor(a, spec, n_slots: int):
                         "'tokenrouter-model[profile]'") from None
     if not a.config or len(a.config) != spec.M:
         raise SpecError(f"--executor torch needs --config with one config.json per model (M = {spec.M})")
-    _positive_int(a.max_len, "--max-len", lo=2)
+    check_number(a.max_len, "--max-len", ge=2)
     device = a.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -711,11 +680,11 @@ def _cmd_serve(a) -> int:
     from tr_model.runtime import EmulatedExecutor, FixedThresholds
     _refuse_serve_dropped(a)
     serve.require_http_stack()
-    _positive_int(a.N, "--N")
-    _positive_int(a.default_max_tokens, "--default-max-tokens")
-    _positive_float(a.time_scale, "--time-scale")
-    _positive_float(a.check_interval_s, "--check-interval-s")
-    _positive_float(a.shutdown_timeout_s, "--shutdown-timeout-s", zero_ok=True)
+    check_number(a.N, "--N", ge=1)
+    check_number(a.default_max_tokens, "--default-max-tokens", ge=1)
+    check_number(a.time_scale, "--time-scale", gt=0)
+    check_number(a.check_interval_s, "--check-interval-s", gt=0)
+    check_number(a.shutdown_timeout_s, "--shutdown-timeout-s", ge=0)
     if not 0 <= a.port <= 65535:
         raise SpecError(f"--port must be in 0..65535, got {a.port}")
     if a.executor == "emulated" and a.config:

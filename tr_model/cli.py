@@ -19,11 +19,11 @@ import math
 import sys
 from dataclasses import dataclass, field
 
-from tr_core.cli import (IntRanges, Parser, Progress, add_list_arg, add_output_args, add_quiet_arg, add_version, emit, format_gain,
+from tr_core.cli import (IntRanges, Parser, Progress, add_list_arg, check_number, add_output_args, add_quiet_arg, add_version, emit, format_gain,
                          format_table, note, output_format, parse_int_list, run_cli, to_csv)
 from tr_core.errors import SpecError, StateSpaceTooLarge
-from tr_core.search_rule import (AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_MAX_HOURS,
-                                 DEFAULT_SEARCH, SEARCHES, largest_n, search_help)
+from tr_core.search_options import SEARCH_FIELDS, add_search_flags, search_options_from_args
+from tr_core.search_rule import AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_MAX_HOURS, largest_n
 from tr_core.spec import spec_to_dict
 from tr_core.system_args import System, add_system_args, build_system
 
@@ -64,6 +64,21 @@ def build_parser() -> Parser:
     return p
 
 
+def add_search_options(group, *, defaults=None, words=None, fields=SEARCH_FIELDS) -> None:
+    """The flags of :class:`tr_core.search_options.SearchOptions` (``tr-optimize`` and ``tr-autotune run``), with
+    the stationary solvers' names and help from ``dtmc``."""
+    import dtmc
+    add_search_flags(group, defaults=defaults, words=words, fields=fields, solver_choices=dtmc.SOLVERS,
+                     solver_help=dtmc.solver_help("auto"))
+
+
+def optimize_defaults() -> dict:
+    """tr-optimize's own defaults of the search options (the other fields keep the dataclass's)."""
+    import dtmc
+    return {"tol": dtmc.DEFAULT_TOL, "max_gap": DEFAULT_MAX_GAP, "max_evaluations": DEFAULT_MAX_EVALUATIONS,
+            "max_hours": DEFAULT_MAX_HOURS}
+
+
 def _add_search_args(p) -> None:
     import dtmc
 
@@ -95,23 +110,9 @@ def _add_search_args(p) -> None:
                    "optimal: the optimal launch policy (value iteration on the all-policy decision process, its "
                    "exact throughput, the bound and the proven gap; the table in --format json; not written to "
                    "--thresholds). Prints the policy's throughput and gain over B*")
-    s.add_argument("--search", choices=SEARCHES, default=DEFAULT_SEARCH, help=search_help(DEFAULT_SEARCH))
-    s.add_argument("--max-gap", type=float, default=DEFAULT_MAX_GAP, metavar="G", help="certified/auto: relative "
-                   "gap between B* and the proven upper bound at which the search stops (default %(default)g)")
-    s.add_argument("--solver", default="auto", choices=dtmc.SOLVERS, help="stationary solver: "
-                   + dtmc.solver_help("auto"))
-    s.add_argument("--tol", type=float, default=dtmc.DEFAULT_TOL, help="stationary residual tolerance, "
-                   "relative to max(pi) (default %(default)g)")
-    s.add_argument("--max-states", type=int, default=None, metavar="S",
-                   help=f"refuse chains with more states than this (default {dtmc.DEFAULT_MAX_STATES:,}, "
-                   "about 8 GiB at ~10 transitions per state: fits comfortably in 24 GB; exit code 3)")
-    s.add_argument("--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS, metavar="K",
-                   help="refuse a sweep that would solve more chains (or run more simulations) than this, "
-                   "counted before any work (default %(default)s; exit code 3)")
-    s.add_argument("--max-hours", type=float, default=DEFAULT_MAX_HOURS, metavar="H",
-                   help="refuse a sweep whose time, estimated before any work from the rates measured for two "
-                   "models (one core; the simulator's search: --sim-budget-s per N), is above this many hours "
-                   "(default %(default)g; exit code 3)")
+    add_search_options(s, defaults=optimize_defaults(), words={
+        "max_states": f"{dtmc.DEFAULT_MAX_STATES:,}, about 8 GiB at ~10 transitions per state: fits comfortably in "
+                      "24 GB; 1,000,000 with --method auto, so the decision is quick"})
     s.add_argument("--workers", default="auto", metavar="K", help="local worker processes for the search "
                    "(default auto: the machine's cores when the sweep has more than 200 chains to evaluate, "
                    "else 1; results are identical for any K)")
@@ -198,24 +199,11 @@ def _auto_note(M: int, Ns: IntRanges) -> str:
 
 
 def _check_numbers(a) -> None:
-    if a.max_states is not None and a.max_states < 1:
-        raise SpecError(f"--max-states must be >= 1, got {a.max_states}")
-    if a.max_evaluations < 1:
-        raise SpecError(f"--max-evaluations must be >= 1, got {a.max_evaluations}")
-    if not (a.max_hours > 0) or not math.isfinite(a.max_hours):
-        raise SpecError(f"--max-hours must be > 0 hours, got {a.max_hours:g}")
     if a.trace and a.method == "exact":
         raise SpecError("--trace drives the simulator: use it with --method simulate or auto")
-    if not (a.sim_budget_s > 0) or not math.isfinite(a.sim_budget_s):
-        raise SpecError(f"--sim-budget-s must be > 0 seconds, got {a.sim_budget_s:g}")
-    if a.sim_steps < 1000:
-        raise SpecError(f"--sim-steps must be >= 1000, got {a.sim_steps}")
-    if not (0 <= a.jitter < 10):
-        raise SpecError(f"--jitter must be in [0, 10), got {a.jitter:g}")
-    if not (0 <= a.max_gap < 1):
-        raise SpecError(f"--max-gap must be in [0, 1), got {a.max_gap:g}")
-    if not (a.tol > 0) or not math.isfinite(a.tol):
-        raise SpecError(f"--tol must be > 0, got {a.tol:g}")
+    check_number(a.sim_budget_s, "--sim-budget-s", gt=0, unit=" seconds")
+    check_number(a.sim_steps, "--sim-steps", ge=1000)
+    check_number(a.jitter, "--jitter", ge=0, lt=10)
     if a.plot:
         from tr_model.plots import check_plot_path
         check_plot_path(a.plot)  # a bad extension or folder fails before any work
@@ -271,8 +259,6 @@ def _refuse_dropped(a) -> None:
                      f"{a.method} (which solves one N at a time and keeps no table)")
     if a.dask:
         refuse_given(a, ["workers"], "has no effect with --dask (the scheduler's workers run the evaluations)")
-    if a.B is None and a.search in ("exhaustive", "pruned", "local"):
-        refuse_given(a, ["max_gap"], f"applies to --search certified or auto, not {a.search}")
     if a.B is not None:
         refuse_given(a, ["policy", "thresholds"], "searches from B*(N); --B evaluates one vector (drop one of them)")
     if a.method != "exact":
@@ -283,15 +269,10 @@ def _refuse_dropped(a) -> None:
 
 
 def _parse_workers(value: str, total: int) -> int:
-    from tr_core.cli import default_workers
-    if value == "auto":
+    from tr_core.cli import default_workers, parse_int_or_word
+    k = parse_int_or_word(value, "--workers", ("auto",))
+    if k == "auto":
         return default_workers() if total > 200 else 1
-    try:
-        k = int(value)
-    except ValueError:
-        raise SpecError(f"--workers must be an integer >= 1 or 'auto', got {value!r}") from None
-    if k < 1:
-        raise SpecError(f"--workers must be >= 1, got {k}")
     return k
 
 
@@ -316,6 +297,7 @@ def validate(a) -> Plan:
     """Check every flag and build the plan; nothing is computed yet."""
     Ns = parse_int_list(a.N, "--N") if a.N else IntRanges((n, n) for n in DEFAULT_NS)
     _refuse_dropped(a)
+    opts = search_options_from_args(a, defaults=optimize_defaults())  # every search option checked once
     _check_numbers(a)
     system = build_system(a, Ns.max)
     M = system.spec.M
@@ -323,24 +305,24 @@ def validate(a) -> Plan:
         from tr_core.feasibility import check_thresholds
         check_thresholds(a.B, Ns.min, M, name="--B")
     from tr_core.feasibility import check_count
-    total = _sweep_evaluations(M, Ns, a.B, a.method, a.search)
-    check_count(total, a.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
+    total = _sweep_evaluations(M, Ns, a.B, a.method, opts.search)
+    check_count(total, opts.max_evaluations, M=M, what="chains" if a.method != "simulate" else "simulations")
     if a.method == "exact":
         from optimizer.evaluate import check_representable
         check_representable(system.spec, Ns.max, name="--N")
     estimate_s = _check_hours(a, M, Ns)  # after the hard limits: what cannot be done is said as such
-    max_states = a.max_states
+    max_states = opts.max_states
     if max_states is None:
         import dtmc
         max_states = 1_000_000 if a.method == "auto" else dtmc.DEFAULT_MAX_STATES
-    kw = dict(solver=a.solver, tol=a.tol, max_states=max_states, round_to_grid=system.round_to_grid)
+    kw = dict(solver=opts.solver, tol=opts.tol, max_states=max_states, round_to_grid=system.round_to_grid)
     if not a.no_cache:
         from optimizer.cache import default_cache_dir
         kw["cache"] = a.cache_dir or default_cache_dir()
     sim = dict(seed=a.seed, jitter=a.jitter, trace=a.trace, budget_s=a.sim_budget_s, steps=a.sim_steps)
-    search = dict(search=a.search, max_evaluations=a.max_evaluations)
-    if a.search in ("certified", "auto"):  # the other searches take no gap (the API refuses one)
-        search["max_gap"] = a.max_gap
+    search = dict(search=opts.search, max_evaluations=opts.max_evaluations)
+    if opts.gap is not None:  # the searches that take a gap (the others refuse one)
+        search["max_gap"] = opts.gap
     if a.thresholds:
         from tr_core.cli import check_out_path
         check_out_path(a.thresholds, "--thresholds")
@@ -585,27 +567,13 @@ def _policy_cell(p: dict) -> str:
 
 
 def _write_thresholds_file(plan: Plan, found: list, doc_results: list) -> None:
-    """--thresholds: the sweep's rows as a thresholds file (tr_model.autotune's document and writer)."""
-    from tr_model import autotune as AT
-    spec = plan.system.spec
-    K = plan.Ns.max
-    opts = AT.solver_options(plan.kw["solver"], plan.kw["tol"], plan.kw["max_states"], plan.system.round_to_grid,
-                             plan.search["search"], plan.search.get("max_gap", DEFAULT_MAX_GAP), None, None,
-                             plan.policy)
-    entries = []
-    for o, r in zip(found, doc_results):
-        e = AT._entry(o, plan.search["search"])
-        if plan.policy:
-            p = r["policy"]
-            e.update(policy_thresholds=p["thresholds"], policy_certificate="local",
-                     policy_predicted_tok_s=p["throughput_tok_s"], policy_seconds=p["seconds"])
-        entries.append(e)
-    doc = AT.thresholds_document(spec, K, entries, inputs_hash=AT.inputs_sha256(spec, K, opts),
-                                 provenance={"created_utc": AT._now(), "options": opts, "tool": "tr-optimize"},
-                                 policy=plan.policy, round_to_grid=plan.system.round_to_grid)
-    from tr_model.thresholds import ThresholdTable
-    ThresholdTable.from_dict(doc, where="the thresholds document")  # never write a file the reader refuses
-    AT.write_thresholds(plan.thresholds, doc)
+    """--thresholds: the sweep's rows as a thresholds file, by the one writer (tr_model.autotune.write_sweep)."""
+    from tr_model import autotune
+    opts = autotune.solver_options(plan.kw["solver"], plan.kw["tol"], plan.kw["max_states"],
+                                   plan.system.round_to_grid, plan.search["search"],
+                                   plan.search.get("max_gap", DEFAULT_MAX_GAP), policy=plan.policy)
+    autotune.write_sweep(plan.thresholds, plan.system.spec, found, opts, tool="tr-optimize",
+                         policy_rows=[r.get("policy") for r in doc_results] if plan.policy else None)
 
 
 def _compute_simulated(plan: Plan, doc: dict) -> list:

@@ -921,13 +921,16 @@ class WatchedThresholds:
         self.accept, self.on_error = accept, on_error
         self.reloads = 0
         self.refused_reloads = 0
-        table = ThresholdTable.load(self.path)
+        stamp = self._stat()  # before the read: a replacement during it is seen at the next check
+        table, doc = ThresholdTable.load_with_document(self.path)
         why = accept(table) if accept is not None else None
         if why:
             raise ThresholdFileError(f"thresholds file {self.path!r}: {why}")
         self.table = table
+        # the embedded spec of the first load (one read of the file: the table and its spec agree)
+        self.spec_document = doc.get("spec") if isinstance(doc, dict) else None
         self.last_error: str | None = None
-        self._stamp = self._stat()
+        self._stamp = stamp
         self._checked = time.monotonic()
 
     def __getattr__(self, name: str):

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tr_model.autotune_cli import main
-from tr_model.export import r2r_launch_args
+from tr_model.tuning.export import r2r_launch_args
 from tr_model.thresholds import ThresholdTable, spec_sha256
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tr_core.errors import SpecError
-from tr_model.kvplan import load_placement, make_placement, plan_kv_cache, read_model_footprint
+from tr_model.tuning.kvplan import load_placement, make_placement, plan_kv_cache, read_model_footprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "data", "models")

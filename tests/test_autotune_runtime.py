@@ -139,7 +139,7 @@ def test_measure_cli(tmp_path):
     import json
     import subprocess
     import sys
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     th = tmp_path / "th.json"
     tune(tr_model.preset("r2r", [6.0, 27.9], p=0.35), 4, th)
 

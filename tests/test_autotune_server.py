@@ -17,8 +17,8 @@ import time
 import pytest
 
 import tr_model
-import tr_model.autotune as autotune
-from tr_model.autotune import inputs_sha256, on_server_start, solver_options, tune
+import tr_model.tuning.autotune as autotune
+from tr_model.tuning.autotune import inputs_sha256, on_server_start, solver_options, tune
 from tr_core.spec import save_spec
 from tr_model.thresholds import ThresholdTable, WatchedThresholds
 
@@ -166,10 +166,10 @@ def test_unexpected_failure_logs_one_line_and_returns_eager(tmp_path, monkeypatc
     def broken(*a, **k):
         raise RuntimeError("disk exploded\nsecond line")
     monkeypatch.setattr(autotune, "spawn_worker", broken)
-    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+    with caplog.at_level(logging.WARNING, logger="tr_model.tuning.autotune"):
         t = on_server_start(SPEC, 5, tmp_path / "th.json", time_budget_s=1, background=True)
     assert t.source == "fallback" and t.lookup(3) == (1, 1) and t.covered_concurrency == 5
-    recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
+    recs = [r for r in caplog.records if r.name == "tr_model.tuning.autotune"]
     assert len(recs) == 1 and "disk exploded" in recs[0].getMessage()
     assert "\n" not in recs[0].getMessage() and "eager" in recs[0].getMessage()
 
@@ -194,20 +194,20 @@ def test_a_failing_n_keeps_the_rows_already_computed(tmp_path, caplog):
     prov = json.loads(out.read_text())["provenance"]
     assert prov["resumable"] is False and prov["stopped_reason"].startswith("N = 4 failed")
     out.unlink()
-    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):   # the hook: worker process, one line
+    with caplog.at_level(logging.WARNING, logger="tr_model.tuning.autotune"):   # the hook: worker process, one line
         t = on_server_start(spec, 6, out, time_budget_s=120, background=True)
     assert t.covered_concurrency == 3 and t.source == "file" and t.lookup(5) == t.lookup(3)
-    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.tuning.autotune"]
     assert len(recs) == 1 and "N = 4 failed" in recs[0] and "N = 1..3" in recs[0], recs
 
 
 def test_a_corrupted_file_is_logged_before_it_is_replaced(tmp_path, caplog):
     out = tmp_path / "th.json"
     out.write_text('{"schema_version": 2, "entries": [')
-    with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+    with caplog.at_level(logging.WARNING, logger="tr_model.tuning.autotune"):
         t = on_server_start(SPEC, 3, out, time_budget_s=120, background=False)
     assert t.complete
-    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+    recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.tuning.autotune"]
     assert len(recs) == 1 and "corrupted" in recs[0] and str(out) in recs[0] and "not valid JSON" in recs[0]
 
 
@@ -215,10 +215,10 @@ def test_an_unwritable_cache_folder_keeps_the_computed_table(tmp_path, caplog):
     cache = tmp_path / "cache"
     cache.mkdir()
     with _read_only_dir(cache):
-        with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+        with caplog.at_level(logging.WARNING, logger="tr_model.tuning.autotune"):
             t = tune(SPEC, 3, tmp_path / "th.json", cache_dir=cache)
         assert t.complete and t.source == "file" and t.lookup(3) != (1, 1)
-        recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.autotune"]
+        recs = [r.getMessage() for r in caplog.records if r.name == "tr_model.tuning.autotune"]
         assert len(recs) == 1 and "cache folder" in recs[0]
         assert os.listdir(cache) == []
         # the hook (worker process) too: the computed table is served, not the eager fallback
@@ -265,11 +265,11 @@ def test_unwritable_folder_keeps_the_old_file(tmp_path, caplog):
     spec_file = tmp_path / "spec.json"
     save_spec(SPEC, spec_file)
     with _read_only_dir(d):
-        with caplog.at_level(logging.WARNING, logger="tr_model.autotune"):
+        with caplog.at_level(logging.WARNING, logger="tr_model.tuning.autotune"):
             t = on_server_start(SPEC, 5, out, time_budget_s=60, background=True)
         assert t.complete and t.covered_concurrency == 5 and t.source == "memory"
         assert out.read_bytes() == old
-        recs = [r for r in caplog.records if r.name == "tr_model.autotune"]
+        recs = [r for r in caplog.records if r.name == "tr_model.tuning.autotune"]
         assert len(recs) == 1 and "cannot write" in recs[0].getMessage()
         r = _cli("--spec", str(spec_file), "--N", "5", "--thresholds", str(out))
         assert r.returncode == 2 and r.stderr.startswith("error: cannot write")

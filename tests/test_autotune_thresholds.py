@@ -188,7 +188,7 @@ def test_reader_works_when_vendored_alone(tmp_path):
 def test_written_file_matches_the_json_schema(tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     import tr_model
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     schema = json.load(open(os.path.join(ROOT, "data", "schemas", "thresholds.schema.json")))
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     out = tmp_path / "th.json"
@@ -208,7 +208,7 @@ def test_written_file_matches_the_json_schema(tmp_path):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     # a partial table: computed rows, then extrapolated ones; both the schema and the reader accept it
-    from tr_model.autotune import inputs_sha256, thresholds_document
+    from tr_model.tuning.autotune import inputs_sha256, thresholds_document
     part = thresholds_document(spec, 6, doc["entries"][:2], inputs_hash=inputs_sha256(spec, 6))
     jsonschema.validate(part, schema)
     assert [e["certificate"] for e in part["entries"]] == ["exhaustive"] * 2 + ["extrapolated"] * 4

@@ -166,7 +166,7 @@ def test_tr_optimize_with_fuzzed_flags(tmp_path, pairs):
 
 
 def _thresholds_file(tmp_path):
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     from tr_core.spec import preset
     f = tmp_path / "good.json"
     if not f.exists():

@@ -96,11 +96,11 @@ def test_every_command_has_rows():
 @pytest.fixture
 def no_serving(monkeypatch):
     """A serve example that is not refused must fail here, not start a server."""
-    import tr_model.serve
+    import tr_model.serving.server
 
     def refuse(*a, **k):
         raise AssertionError("the example was not refused: the server would start")
-    monkeypatch.setattr(tr_model.serve, "serve", refuse)
+    monkeypatch.setattr(tr_model.serving.server, "serve", refuse)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
@@ -165,7 +165,7 @@ def test_api_plan_refuses_p_with_spec():
 def test_api_tune_refuses_options_without_their_partner(tmp_path):
     import tr_model
     from tr_core.errors import SpecError
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = tr_model.preset("r2r", [6.0, 28.0], p=0.35)
     with pytest.raises(SpecError) as e:
         tune(spec, 2, tmp_path / "th.json", background=True)

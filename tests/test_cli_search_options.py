@@ -44,7 +44,7 @@ def test_the_search_flags_of_both_commands_are_the_dataclass_fields():
 
 
 def test_the_api_keywords_are_the_fields():
-    from tr_model import autotune
+    from tr_model.tuning import autotune
     for fn in (autotune.tune, autotune.on_server_start):
         params = inspect.signature(fn).parameters
         assert set(SEARCH_FIELDS) <= set(params), fn.__name__
@@ -81,7 +81,7 @@ def _code(main, argv) -> int:
 
 def test_the_gap_rule_is_checked_once_for_every_entry_point(tmp_path):
     import tr_model
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     for call in (lambda: tr_model.optimize(spec, 2, search="exhaustive", max_gap=0.01),
                  lambda: tr_model.optimize_many(spec, [1, 2], search="pruned", max_gap=0.01),
@@ -99,7 +99,7 @@ def test_the_gap_rule_is_checked_once_for_every_entry_point(tmp_path):
 
 def test_a_limit_names_its_field_in_the_library_and_its_flag_on_the_command_line(tmp_path, capsys):
     import tr_model
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     with pytest.raises(FieldLimit) as e:
         tune(spec, 2000, tmp_path / "t.json", max_hours=1e-6)

@@ -231,7 +231,7 @@ def test_conflicting_keywords_are_refused_in_the_api():
 @pytest.fixture(scope="module")
 def table_doc(tmp_path_factory):
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     path = tmp_path_factory.mktemp("th") / "th.json"
     tune(preset("r2r", [6.0, 27.9], p=0.35), 4, path)
     return json.loads(path.read_text())

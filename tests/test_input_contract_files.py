@@ -397,7 +397,7 @@ ANSWERED = {
 def tables(tmp_path_factory):
     """Thresholds documents of versions 1, 2 and 3 (small: N = 1..3), valid as written."""
     from tr_core.spec import preset, spec_from_dict
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     d = tmp_path_factory.mktemp("th")
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     tune(spec, 3, d / "v2.json")

@@ -139,7 +139,7 @@ def _three_models(doc):
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     d = tmp_path_factory.mktemp("heldout-th")
     tune(preset("r2r", [6.0, 27.9], p=0.35), 4, d / "th.json", search="certified", max_gap=0.01)
     return (d / "th.json").read_text()
@@ -184,7 +184,7 @@ def test_heldout_cli(here, case):
 def _api_cases():
     import tr_model
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     return {
         "optimize_many local boxes=": lambda tmp: tr_model.optimize_many(spec, [2], search="local", boxes=True),
@@ -332,7 +332,7 @@ def test_heldout_cache_second_batch(tmp_path, capsys, case):
 def _api_cases_2():
     import tr_model
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     return {
         "optimize_many pruned max_gap=": lambda tmp: tr_model.optimize_many(spec, [2, 3], search="pruned",
@@ -418,7 +418,7 @@ def test_heldout_cli_third_batch(here3, case):
 def _api_cases_3():
     import tr_model
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     return {"optimize exhaustive policies=": lambda tmp: tr_model.optimize(spec, 3, search="exhaustive",
                                                                             policies=None),

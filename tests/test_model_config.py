@@ -32,7 +32,7 @@ DENSE = [
 @pytest.mark.parametrize("cfg", DENSE, ids=lambda c: c["model_type"])
 def test_the_readers_agree(cfg):
     from shadow_prefill.latency import ModelArch
-    from tr_model.kvplan import read_model_footprint
+    from tr_model.tuning.kvplan import read_model_footprint
 
     shape = MC.read_shape(cfg, "config")
     dbytes = 4 if cfg["torch_dtype"] == "float32" else 2
@@ -55,7 +55,7 @@ def test_the_runtime_and_the_profiler_agree_on_the_qwen3_configs(name):
     pytest.importorskip("torch")
     from profiler.latency import kv_bytes_per_token
     from shadow_prefill.latency import ModelArch
-    from tr_model.kvplan import read_model_footprint
+    from tr_model.tuning.kvplan import read_model_footprint
     from tr_model.runtime.torch_executor import load_shape
 
     with open(QWEN[name]) as f:

@@ -37,8 +37,8 @@ def _params_by_hand(c):
 def test_roofline_terms_by_hand(tp, b):
     c = _cfg(LARGE)
     gpu = P.load_gpu("h200")
-    fp = tr_model.kvplan.read_model_footprint(LARGE) if hasattr(tr_model, "kvplan") else None
-    from tr_model.kvplan import read_model_footprint
+    fp = tr_model.tuning.kvplan.read_model_footprint(LARGE) if hasattr(tr_model, "kvplan") else None
+    from tr_model.tuning.kvplan import read_model_footprint
     fp = read_model_footprint(LARGE)
     t = P.roofline_latency_ms(fp, c, gpu, tp, b, 512)
     params = _params_by_hand(c)
@@ -120,7 +120,7 @@ def test_kv_fit_and_no_fit():
     assert [x.N for x in r.plans[1]] == [1] and r.plans[16] == ()
     d = [x for x in r.dropped if x.N == 16]
     assert d and d[0].reason == "does not fit" and "KV capacity" in d[0].detail
-    from tr_model.kvplan import make_placement, plan_kv_cache, read_model_footprint
+    from tr_model.tuning.kvplan import make_placement, plan_kv_cache, read_model_footprint
     kv = plan_kv_cache(make_placement([(read_model_footprint(SMALL), [0], 1), (read_model_footprint(LARGE), [0], 1)],
                                       79.2, 0.9))
     assert r.plans[1][0].kv_token_capacity == kv.kv_token_capacity < 16 * 2048
@@ -170,7 +170,7 @@ def _profiles():
 
 
 def test_roofline_vs_h200_profiles():
-    from tr_model.kvplan import read_model_footprint
+    from tr_model.tuning.kvplan import read_model_footprint
     profs = _profiles()
     gpu = P.load_gpu("h200")
     num = den = 0.0

@@ -25,7 +25,7 @@ def _r2r(corun=None):
 @pytest.fixture(scope="module")
 def v3(tmp_path_factory):
     """A version-3 file: R2R, N = 1..9, the residual class searched at N <= 8 (N = 9 keeps B*)."""
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     path = tmp_path_factory.mktemp("v3") / "policy.json"
     table = tune(_r2r(), 9, path, policy="residual", policy_max_n=8)
     return path, table, json.loads(path.read_text())
@@ -79,7 +79,7 @@ def _v2_of(doc):
 
 
 def test_writer_writes_v2_without_a_policy(tmp_path):
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     tune(_r2r(), 3, tmp_path / "t.json")
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["schema_version"] == 2 and "policy" not in doc
@@ -256,7 +256,7 @@ def test_runtime_throughput_matches_the_policy_chain(v3):
 def test_busy_class_runtime_and_chain_agree(tmp_path):
     """The busy class with a co-running spec (launch law in the emulator): the file's policy runs, and its
     measured throughput is within the interval of the chain's value."""
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     from tr_model.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r((1.5, 1.0))
     table = tune(spec, 4, tmp_path / "busy.json", policy="busy")
@@ -304,7 +304,7 @@ def test_the_servers_runtime_executes_the_table(v3):
     LLM's batch returns sooner (the table's rule; B* would)."""
     import asyncio
     from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
-    from tr_model.serve import RuntimeService
+    from tr_model.serving.server import RuntimeService
     spec = _r2r()
     _, table, _ = v3
 
@@ -451,7 +451,7 @@ def test_runtime_decides_at_events_like_the_chain_under_corunning(tmp_path):
     (completions); a runtime that also re-decided as time passes (e.g. one quantum after the LLM's launch)
     would launch more beside the LLM and measure about +1 % above the chain (3.7 tok/s, experiments/LOG.md).
     The runtime measures the chain's value within its interval, and B*'s for B*."""
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     from tr_model.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r((1.5, 1.05))
     table = tune(spec, 8, tmp_path / "mild.json", policy="residual", round_to_grid=True)

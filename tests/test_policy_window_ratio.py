@@ -27,7 +27,7 @@ def _r2r_corun():
 @pytest.fixture(scope="module", params=["window", "ratio"])
 def me3(request, tmp_path_factory):
     """ME (three models) at N = 1..3 with the class searched at every N."""
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     path = tmp_path_factory.mktemp(request.param) / "policy.json"
     table = tune(_me(), 3, path, policy=request.param)
     return request.param, path, table, json.loads(path.read_text())
@@ -65,7 +65,7 @@ def test_reader_decides_as_the_chain_state_for_state(cls, case, tmp_path):
     """For many parameter sets, the reader's decide() in every pre-decision configuration of the process equals
     the launch bits of ``optimizer.policy.class_table`` (a reader whose rule differs fails here)."""
     from optimizer import policy as POL
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     spec, N = (_me(), 3) if case == "me3" else (_r2r_corun(), 6)
     table = tune(spec, N, tmp_path / "t.json", policy=cls, policy_max_n=1)
     proc = POL.build_process(spec, N)

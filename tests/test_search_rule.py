@@ -65,7 +65,7 @@ def test_solver_help_is_built_from_the_solver_constants():
 def test_optimizer_and_autotune_use_the_one_home():
     import optimizer
     from optimizer import search as S
-    from tr_model import autotune
+    from tr_model.tuning import autotune
 
     assert S.SEARCHES is R.SEARCHES and optimizer.DEFAULT_MAX_GAP == R.DEFAULT_MAX_GAP
     assert set(autotune.SEARCHES) == set(R.SEARCHES)

@@ -44,7 +44,7 @@ def _sigint_default():
 def _closed_loop_on_virtual_clock(N, table, duration_s, max_tokens=32, seed=0):
     """N clients calling RuntimeService.generate back to back on the virtual clock; tokens/s over the window."""
     from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
-    from tr_model.serve import RuntimeService
+    from tr_model.serving.server import RuntimeService
 
     async def main():
         svc = RuntimeService(SPEC, table, EmulatedExecutor(SPEC.latency_ms), max_concurrency=N, seed=seed)
@@ -100,7 +100,7 @@ def test_service_closed_loop_matches_the_chain_on_the_virtual_clock():
 
 def test_service_limits_admission_to_max_concurrency():
     from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
-    from tr_model.serve import RuntimeService
+    from tr_model.serving.server import RuntimeService
 
     async def main():
         svc = RuntimeService(SPEC, FixedThresholds((1, 1)), EmulatedExecutor(SPEC.latency_ms), max_concurrency=2)
@@ -129,7 +129,7 @@ def test_service_limits_admission_to_max_concurrency():
 
 def test_a_failing_executor_fails_the_requests_instead_of_hanging():
     from tr_model.runtime import FixedThresholds, VirtualTimeLoop
-    from tr_model.serve import RequestError, RuntimeService
+    from tr_model.serving.server import RequestError, RuntimeService
 
     class Broken:
         time_scale = 1.0
@@ -269,7 +269,7 @@ def test_torch_executor_serves_real_token_ids(tmp_path):
 
 
 def test_the_thresholds_row_follows_the_requests_in_flight(tmp_path):
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     th = tmp_path / "th.json"
     table = tune(SPEC, 4, th)
     assert table.lookup(4) != table.lookup(1)
@@ -519,7 +519,7 @@ def test_serve_bench_against_tr_autotune_serve_matches_the_chain(tmp_path):
     the chain does not see: finite requests (a finished request lowers the active count until its client's next
     one arrives: -0.5 % at 64 tokens on the virtual clock, experiments/LOG.md) and event-loop lag beyond the
     timer under load.  (The plain prediction's 10 % target is the benchmark's: benchmarks/serve_vs_model.py.)"""
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     th = tmp_path / "th.json"
     table = tune(SPEC, 8, th)
     with _server(["--thresholds", str(th), "--time-scale", "5"]) as (proc, url):

@@ -231,7 +231,7 @@ def test_shutdown_answers_running_requests_with_json_503_and_exits_0():
 
 
 def test_a_reload_the_start_up_would_refuse_keeps_the_old_table(tmp_path):
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
     th = tmp_path / "th.json"
     table = tune(SPEC, 3, th)
     other = tmp_path / "other.json"
@@ -306,7 +306,7 @@ def test_cancelled_requests_leave_the_runtime_and_free_their_slots_on_the_virtua
     threshold above the active count would wait for requests that never come, cancelled or not."""
     import asyncio
     from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
-    from tr_model.serve import RuntimeService
+    from tr_model.serving.server import RuntimeService
 
     class Counting(EmulatedExecutor):
         released: list = []

@@ -83,7 +83,7 @@ def _bench_on_virtual_clock(N, B, max_tokens, warmup_s, window_s, slices, seed=0
     the window's slice boundaries as serve-bench does; returns the client records, the readings and the runtime's
     own count of tokens committed inside the window."""
     from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
-    from tr_model.serve import RuntimeService
+    from tr_model.serving.server import RuntimeService
 
     async def main():
         svc = RuntimeService(SPEC, FixedThresholds(B), EmulatedExecutor(SPEC.latency_ms), max_concurrency=N,

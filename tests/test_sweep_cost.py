@@ -122,7 +122,7 @@ def test_tr_autotune_run_refuses_years_naming_its_flags(tmp_path, run_inproc):
 
 def test_tune_refuses_only_rows_it_would_compute(tmp_path):
     from tr_core.spec import preset
-    from tr_model.autotune import tune
+    from tr_model.tuning.autotune import tune
 
     spec = preset("r2r", [6.0, 27.9], p=0.35)
     out = tmp_path / "t.json"

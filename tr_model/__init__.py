@@ -7,19 +7,22 @@ Quick start::
     best = tr_model.optimize(spec, N=8)          # B*, tokens/s, gain over eager
     ev = tr_model.evaluate(spec, N=8, B=(1, 5))  # one threshold vector
 
-This package is the face of the project (the top layer: nothing below imports it).  Its modules:
+This package is the face of the project (the top layer: nothing below imports it).  Its rooms, by role:
 
-- ``api``: the public functions ``evaluate``, ``optimize``, ``optimize_many`` (the optimizer's own,
-  re-exported with their signatures);
-- ``cli``: ``tr-optimize`` (validate -> compute -> one result document -> render);
-- ``autotune_cli``: ``tr-autotune`` (run, show, kv-plan, measure);
-- ``autotune``: the server-start hook and the thresholds-table computation;
-- ``thresholds``: the vendorable thresholds-file reader (no project imports, on purpose);
-- ``kvplan``: the joint KV-cache plan of co-located models;
-- ``plan``, ``plan_cli``: the deployment planner (``tr-plan``) for a routed model pair;
-- ``runtime``: the reference asyncio runtime (delayed batching) and its executors;
-- ``plots``, ``sensitivity``: figures and parameter sweeps.
+- the public API and the command lines (this folder): ``api`` (``evaluate``, ``optimize``, ``optimize_many``:
+  the optimizer's own, re-exported with their signatures; the search options checked once by
+  ``tr_core.search_options.SearchOptions``), ``cli`` (``tr-optimize``), ``autotune_cli`` (``tr-autotune``),
+  ``plan`` and ``plan_cli`` (the deployment planner, ``tr-plan``), ``plots`` and ``sensitivity`` (figures and
+  parameter sweeps).  They may import every room below;
+- ``tuning``: the thresholds a server runs with: ``autotune`` (the server-start hook, the table computation and
+  the one writer of thresholds files), ``launch_policy``, ``export`` (R2R launch arguments), ``kvplan``; the
+  thresholds format's reader is ``thresholds``, kept at this stable path because runtimes vendor the file
+  (standard library only, no project imports, on purpose);
+- ``serving``: the HTTP server (``serving.server``) around the reference asyncio runtime ``runtime`` (delayed
+  batching and its executors).  It looks thresholds up with the reader and never imports tuning, the API or the
+  command lines.
 
+``tests/test_api_rooms.py`` keeps the rooms' imports pointing down.
 Below it: the features (``dtmc``, ``optimizer``, ``simulator``, ``profiler``, ``shadow_prefill``) and the
 foundation ``tr_core`` (specs, errors, file IO, the task runner, the feasibility rule, CLI plumbing, the
 version); ``tests/test_import_layers.py`` keeps every import pointing down.

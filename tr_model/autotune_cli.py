@@ -71,16 +71,14 @@ def _add_run(sub) -> None:
                    "so far (default: no limit); the file then has complete=false")
     t.add_argument("--background", action="store_true", help="with --time-budget-s: finish the remaining N in a "
                    "separate process that replaces the file atomically when done")
-    t.add_argument("--cache-dir", metavar="DIR", help="also keep complete tables as DIR/<inputs_sha256>.json")
+    t.add_argument("--cache-dir", metavar="DIR", help="result cache folder: also keep each complete table as "
+                   "DIR/<inputs_sha256>.json, reused at once for the same inputs (default: none)")
     from tr_model.cli import add_search_options
     add_search_options(t, defaults=RUN_DEFAULTS)
-    from tr_model.launch_policy import POLICY_CLASSES
+    from tr_model.tuning.launch_policy import POLICY_CLASSES, POLICY_CLASSES_HELP
     t.add_argument("--policy", choices=POLICY_CLASSES, help="also search this compact state-dependent launch "
                    "policy class at each N (from B*(N)) and write a schema-version-3 file the runtime executes: "
-                   "busy = a threshold per model while no other model runs and one while another does; residual = "
-                   "idle / the other's batch ends no sooner than this model's step / ends sooner; window = a threshold, "
-                   "waiting while another model's batch ends within a window (ms); ratio = the window scaled by the "
-                   "requests about to return over the own queue, models deciding in turn (docs/autotune.md)")
+                   + POLICY_CLASSES_HELP + " (docs/autotune.md)")
     t.add_argument("--policy-max-n", type=int, metavar="N", help="with --policy: search it only up to this N "
                    "(rows above keep B*(N) as their policy; default: every N)")
     t.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format of the "
@@ -307,7 +305,7 @@ TUNE_FIELDS = {**{k: k for k in SEARCH_FIELDS}, "max_concurrency": "N", "time_bu
 
 def _cmd_run(a) -> int:
     from tr_core.cli import check_out_path
-    from tr_model import autotune
+    from tr_model.tuning import autotune
     from tr_model.thresholds import ThresholdTable
     check_number(a.N, flag_name(a, "N", "--N"), ge=1)
     check_number(a.time_budget_s, "--time-budget-s", ge=0)
@@ -400,7 +398,7 @@ def _kv_plan_text(plan, doc: dict, fmt: str, N) -> str:
 
 
 def _cmd_kv_plan(a) -> int:
-    from tr_model.kvplan import load_placement, plan_kv_cache, plan_to_dict
+    from tr_model.tuning.kvplan import load_placement, plan_kv_cache, plan_to_dict
     check_number(a.N, flag_name(a, "N", "--N"), ge=1)
     check_number(a.gpu_memory_gib, "--gpu-memory-gib", gt=0)
     fmt = output_format(a)
@@ -561,7 +559,7 @@ def _policy_export_notes(table, K: int) -> list:
 
 
 def _cmd_export(a) -> int:
-    from tr_model.export import r2r_launch_args, r2r_spec_notes
+    from tr_model.tuning.export import r2r_launch_args, r2r_spec_notes
     from tr_model.thresholds import ThresholdTable
     if a.target != "r2r":
         raise SpecError("export needs a target: tr-autotune export r2r --thresholds FILE")
@@ -676,7 +674,7 @@ def _refuse_serve_dropped(a) -> None:
 
 
 def _cmd_serve(a) -> int:
-    from tr_model import serve
+    from tr_model.serving import server as serve
     from tr_model.runtime import EmulatedExecutor, FixedThresholds
     _refuse_serve_dropped(a)
     serve.require_http_stack()

@@ -100,14 +100,10 @@ def _add_search_args(p) -> None:
     s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
                    "of a log-normal factor on every step latency (default 0)")
     s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
-    from tr_model.launch_policy import POLICY_CLASSES
+    from tr_model.tuning.launch_policy import POLICY_CLASSES, POLICY_CLASSES_HELP
     s.add_argument("--policy", choices=POLICY_CLASSES + ("optimal",), help="also search this compact "
                    "state-dependent launch policy class at each N, from B*(N) (steepest ascent, exact chain "
-                   "values): busy = a threshold per model while no other model runs and one while another does; "
-                   "residual = idle / the other's batch ends no sooner than this model's step / ends sooner; "
-                   "window = a threshold, waiting while another model's batch ends within a window (ms); ratio = "
-                   "the window scaled by the requests about to return over the own queue, models deciding in turn. "
-                   "optimal: the optimal launch policy (value iteration on the all-policy decision process, its "
+                   "values): " + POLICY_CLASSES_HELP + ". optimal: the optimal launch policy (value iteration on the all-policy decision process, its "
                    "exact throughput, the bound and the proven gap; the table in --format json; not written to "
                    "--thresholds). Prints the policy's throughput and gain over B*")
     add_search_options(s, defaults=optimize_defaults(), words={
@@ -118,8 +114,8 @@ def _add_search_args(p) -> None:
                    "else 1; results are identical for any K)")
     s.add_argument("--dask", metavar="ADDRESS", help="run the evaluations on an existing Dask distributed "
                    "scheduler, e.g. tcp://10.0.0.5:8786 (needs the 'dask' extra)")
-    s.add_argument("--cache-dir", metavar="DIR", help="result cache folder (default $TR_MODEL_CACHE_DIR or "
-                   "~/.cache/tr-model/evaluations)")
+    s.add_argument("--cache-dir", metavar="DIR", help="result cache folder: one entry per solved chain, reused "
+                   "for the same inputs (default $TR_MODEL_CACHE_DIR or ~/.cache/tr-model/evaluations)")
     s.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
 
 
@@ -523,7 +519,7 @@ def _compute_policies(plan: Plan, doc: dict) -> None:
     """--policy: the class searched at each N from B*(N); ``row["policy"]`` (exit 3 when the decision process
     exceeds its state budget)."""
     from optimizer.policy import PolicyTooLarge
-    from tr_model.launch_policy import class_policy
+    from tr_model.tuning.launch_policy import class_policy
     from tr_model.thresholds import POLICY_COLUMNS
     spec = plan.system.spec
     if plan.policy == "optimal":
@@ -567,8 +563,8 @@ def _policy_cell(p: dict) -> str:
 
 
 def _write_thresholds_file(plan: Plan, found: list, doc_results: list) -> None:
-    """--thresholds: the sweep's rows as a thresholds file, by the one writer (tr_model.autotune.write_sweep)."""
-    from tr_model import autotune
+    """--thresholds: the sweep's rows as a thresholds file, by the one writer (tr_model.tuning.autotune.write_sweep)."""
+    from tr_model.tuning import autotune
     opts = autotune.solver_options(plan.kw["solver"], plan.kw["tol"], plan.kw["max_states"],
                                    plan.system.round_to_grid, plan.search["search"],
                                    plan.search.get("max_gap", DEFAULT_MAX_GAP), policy=plan.policy)

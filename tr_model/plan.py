@@ -6,8 +6,8 @@ Steps (each rule lives where it is named):
 1. **Candidates.** Every placement of the two models on ``gpus`` GPUs of one kind: *separate* (small on
    ``t_s`` GPUs, large on ``t_l`` others, ``t_s + t_l <= G``) or *co-located* (the smaller GPU set nested in
    the larger one, ``t_s, t_l <= G``). A model's tensor-parallel size ``t`` must divide its attention heads
-   and suit its KV heads (:meth:`tr_model.kvplan.ModelFootprint.kv_heads_per_gpu`).
-2. **Memory.** The KV plan (:func:`tr_model.kvplan.plan_kv_cache`) gives the common KV-token capacity
+   and suit its KV heads (:meth:`tr_model.tuning.kvplan.ModelFootprint.kv_heads_per_gpu`).
+2. **Memory.** The KV plan (:func:`tr_model.tuning.kvplan.plan_kv_cache`) gives the common KV-token capacity
    ``T``; a candidate fits at N when ``T >= N * context_tokens``. The headroom is ``T - N * context_tokens``.
 3. **Latencies.** ``L_i(b)``: a measured profile (``latency_profiles``) where given, moved to the candidate's
    tensor-parallel size by the roofline's own difference; else the roofline below. Co-running ``Lco_i(b)``:
@@ -83,7 +83,7 @@ def load_gpu(kind: str) -> GPUKind:
         path = kind
     else:
         raise SpecError(f"--gpu: unknown GPU kind {kind!r} (known: {', '.join(GPU_KINDS)}, or a JSON file)")
-    from tr_model.kvplan import _number, _read_json_file
+    from tr_model.tuning.kvplan import _number, _read_json_file
     doc = _read_json_file(path, "GPU file")
     where = f"GPU file {path!r}"
     if not isinstance(doc, dict):
@@ -272,7 +272,7 @@ def plan(models: Sequence[str | os.PathLike], gpu: str | GPUKind, gpus: int, N: 
     """
     import tr_model
     from tr_core.spec import CorunLatency, LatencyCurve
-    from tr_model.kvplan import _read_json_file, make_placement, plan_kv_cache, read_model_footprint
+    from tr_model.tuning.kvplan import _read_json_file, make_placement, plan_kv_cache, read_model_footprint
 
     if len(models) != 2:
         raise SpecError(f"--model: give exactly 2 models (small first), got {len(models)}")

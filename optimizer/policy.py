@@ -53,11 +53,10 @@ import numpy as np
 
 from tr_core.spec import SystemSpec
 
-CLASSES = ("busy", "residual", "window", "ratio")
-CLASS_PARAMS = {"busy": 2, "residual": 3, "window": 2, "ratio": 2}
-# which parameters of a class are time windows in quanta (searched with larger steps, 0 allowed)
-_WINDOW_PARAM = {"busy": (False, False), "residual": (False, False, False), "window": (False, True),
-                 "ratio": (False, True)}
+# the classes' names and metadata live in one registry (optimizer.policy_classes); these names stay importable
+from optimizer.policy_classes import CLASS_CODE as _CLASS_CODE
+from optimizer.policy_classes import CLASS_PARAMS, CLASSES  # noqa: F401
+from optimizer.policy_classes import WINDOW_PARAM as _WINDOW_PARAM
 
 
 class PolicyTooLarge(RuntimeError):
@@ -526,7 +525,6 @@ def rule_grid(spec: SystemSpec, N: int, *, round_to_grid: bool = False) -> RuleG
     return RuleGrid(spec, N, low.d, low.dco, low.caps, low.outcomes, low.bn, low.br)
 
 
-_CLASS_CODE = {"busy": 0, "residual": 1, "window": 2, "ratio": 3}
 
 
 def _rule_args(grid, cls: str, params):

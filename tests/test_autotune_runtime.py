@@ -1,6 +1,6 @@
 """The reference runtime on the virtual clock: exact throughput in a deterministic case, delayed-batching and
 global-state invariants, agreement with the chain, trace replay.  No test here depends on wall-clock timing
-(timer accuracy is a benchmark: benchmarks/runtime_vs_model.py --clock wall)."""
+(timer accuracy is a benchmark: experiments/runtime_vs_model.py --clock wall)."""
 
 from __future__ import annotations
 

@@ -518,7 +518,7 @@ def test_serve_bench_against_tr_autotune_serve_matches_the_chain(tmp_path):
     measurement within the measurement's 99.9 % interval (the 95 % half-width x 3.29 / 1.96) plus 2 % for what
     the chain does not see: finite requests (a finished request lowers the active count until its client's next
     one arrives: -0.5 % at 64 tokens on the virtual clock, experiments/LOG.md) and event-loop lag beyond the
-    timer under load.  (The plain prediction's 10 % target is the benchmark's: benchmarks/serve_vs_model.py.)"""
+    timer under load.  (The plain prediction's 10 % target is the benchmark's: experiments/serve_vs_model.py.)"""
     from tr_model.tuning.autotune import tune
     th = tmp_path / "th.json"
     table = tune(SPEC, 8, th)

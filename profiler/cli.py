@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_out_path,
-                         emit, format_table, note, output_format, parse_int_ranges, refuse_given,
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_number,
+                         check_out_path, emit, format_table, note, output_format, parse_int_ranges, refuse_given,
                          require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 from tr_core.units import positive_number
@@ -222,11 +222,6 @@ def _drop_if_empty(path: str | None) -> None:
                 os.rmdir(folder)  # only succeeds when empty
             except OSError:
                 break
-
-
-def _check_int(value: int, flag: str, lo: int) -> None:
-    if value < lo:
-        raise SpecError(f"{flag} must be >= {lo}, got {value}")
 
 
 # ----------------------------------------------------------------------------
@@ -787,10 +782,10 @@ def cmd_serve_bench(a: argparse.Namespace) -> int:
             raise SpecError(f"{flag} must be {'>=' if zero else '>'} 0, got {v:g}")
     if a.time_scale is not None and not (math.isfinite(a.time_scale) and a.time_scale > 0):
         raise SpecError(f"--time-scale must be > 0, got {a.time_scale:g}")
-    _check_int(a.max_tokens, "--max-tokens", 1)
-    _check_int(a.prompt_words, "--prompt-words", 1)
-    _check_int(a.max_retries, "--max-retries", 0)
-    _check_int(a.slices, "--slices", 1)
+    check_number(a.max_tokens, "--max-tokens", ge=1)
+    check_number(a.prompt_words, "--prompt-words", ge=1)
+    check_number(a.max_retries, "--max-retries", ge=0)
+    check_number(a.slices, "--slices", ge=1)
     fmt = output_format(a)
     if a.out:
         check_out_path(a.out)
@@ -1002,7 +997,7 @@ def main_impl(argv: Sequence[str] | None = None) -> int:
     require_subcommand(parser, a)
     for flag in ("context", "extend_tokens", "steps", "warmup_steps", "max_new_tokens"):
         if hasattr(a, flag):
-            _check_int(getattr(a, flag), "--" + flag.replace("_", "-"), 1 if flag == "steps" else 0)
+            check_number(getattr(a, flag), "--" + flag.replace("_", "-"), ge=1 if flag == "steps" else 0)
     _check_step_count(a)
     return a.func(a)
 

@@ -20,6 +20,7 @@ import math
 import os
 from typing import Any, Callable, Sequence
 
+from tr_core.fileio import json_ready
 
 from shadow_prefill.builder import AgentLoopParams, LengthDist, LogNormal, MatrixWorkload, SyntheticParams, \
     generate_synthetic_sessions
@@ -321,24 +322,8 @@ def latency_models(args, models: Sequence[str], fallback: dict[str, str] | None 
 
 # ============================================================================ output documents
 
-def clean(x: Any) -> Any:
-    """A JSON-ready copy of ``x``: NumPy scalars and arrays as Python values, non-finite floats as ``None``."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [clean(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return clean(x.tolist())
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (np.integer, int)):
-        return int(x)
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return v if math.isfinite(v) else None
-    return x
+#: a JSON-ready copy: NumPy scalars and arrays as Python values, non-finite floats as ``None``
+clean = json_ready
 
 
 def dumps_document(doc: Any) -> str:

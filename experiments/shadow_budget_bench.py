@@ -1,6 +1,6 @@
 """Cost of one call of the shadow-token budget (Algorithm 1) in its numba form.
 
-Target (issue 8): under 2 microseconds per call, so a scheduler loop can run
+Target: under 2 microseconds per call, so a scheduler loop can run
 it every iteration.  The budget is called from compiled code (as the cluster
 simulator and a compiled scheduler would), in a loop over varying ``now`` so
 nothing is hoisted; the Python wrapper ``decide_shadow_tokens`` and a direct call of the
@@ -20,17 +20,17 @@ import numba as nb
 import numpy as np
 
 
-from shadow_prefill.budget import Decode, PrefillChunk, decide_shadow_tokens, shadow_budget  # noqa: E402
+from shadow_prefill.budget import (BudgetBatch, Controller, Decode, PrefillChunk, ShadowRoom,  # noqa: E402
+                                   decide_shadow_tokens, shadow_budget)
 from shadow_prefill.latency import build_roofline  # noqa: E402
 
 
 @nb.njit(cache=True)
-def loop(calls, now0, df, dk, dt, dc, pa, pf, pr, pq, pc, routed, credit, lm, tpot, sctx, room):
+def loop(calls, now0, batch, routed, credit, lm, tpot, room, ctl):
     acc = 0
     for i in range(calls):
         now = now0 + i * 1e-9
-        n, b, br, base, t = shadow_budget(now, df, dk, dt, dc, pa, pf, pr, pq, pc, False, routed, credit, lm, tpot,
-                                          sctx, room, room, room, 0.5, 0.1, 256, False)
+        n, b, br, base, t = shadow_budget(now, batch, False, routed, credit, lm, tpot, room, ctl)
         acc += n
     return acc
 
@@ -69,21 +69,22 @@ def main() -> None:
     for name, nd, npf, routed, credit in cases:
         now0 = 100.0
         arrs = scenario(nd, npf, tpot, rng, now0)
-        loop(10, now0, *arrs, routed, credit, lm.params, tpot, 4000, 1 << 20)  # compile / warm
+        batch = BudgetBatch(*arrs)
+        room = ShadowRoom(4000, 1 << 20, 1 << 20, 1 << 20)
+        ctl = Controller(0.5, 0.1, 256, False)
+        loop(10, now0, batch, routed, credit, lm.params, tpot, room, ctl)  # compile / warm
         best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
-            acc = loop(args.calls, now0, *arrs, routed, credit, lm.params, tpot, 4000, 1 << 20)
+            acc = loop(args.calls, now0, batch, routed, credit, lm.params, tpot, room, ctl)
             best = min(best, time.perf_counter() - t0)
         ns = best / args.calls * 1e9
         worst = max(worst, ns)
         reps = 20_000
-        shadow_budget(now0, *arrs, False, routed, credit, lm.params, tpot, 4000, 1 << 20, 1 << 20, 1 << 20,
-                      0.5, 0.1, 256, False)  # compile this call signature first
+        shadow_budget(now0, batch, False, routed, credit, lm.params, tpot, room, ctl)  # compile this signature first
         t0 = time.perf_counter()
         for i in range(reps):
-            r = shadow_budget(now0, *arrs, False, routed, credit, lm.params, tpot, 4000, 1 << 20, 1 << 20, 1 << 20,
-                              0.5, 0.1, 256, False)
+            r = shadow_budget(now0, batch, False, routed, credit, lm.params, tpot, room, ctl)
         py_us = (time.perf_counter() - t0) / reps * 1e6
         dec = [Decode(float(f), int(k), tpot, int(c)) for f, k, c in zip(arrs[0], arrs[1], arrs[3])]
         ch = [PrefillChunk(now0 - 0.2, 30.0, 0.05, 512, int(c)) for c in arrs[8]]

@@ -1,4 +1,4 @@
-"""ShadowPrefill cluster simulator (part 2 of the seed-002 issues): ``tr-shadow simulate`` / ``tr-shadow compare``.
+"""ShadowPrefill cluster simulator: ``tr-shadow simulate`` / ``tr-shadow compare``.
 
 * :mod:`shadow_prefill.cluster.sim`: :class:`ClusterConfig`, :class:`Scenario`, :func:`simulate_cluster` ->
   :class:`RunResult`, :func:`calibrate_capacity` (the model is documented there and in ``docs/shadow_cluster.md``);

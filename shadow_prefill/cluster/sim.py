@@ -1,4 +1,4 @@
-"""An iteration-level simulator of a ShadowPrefill cluster (part 2 of the seed-002 issues).
+"""An iteration-level simulator of a ShadowPrefill cluster.
 
 **Cluster.**  Each model of a routed pair (or of N > 2 models) runs K
 instances (default 4) of continuous batching with chunked prefill: every

@@ -1,4 +1,4 @@
-"""The optimal launch policy's speed (issue 27, target 3): the solver before and after, side by side in one run,
+"""The optimal launch policy's speed: the solver before and after, side by side in one run,
 next to the B* search and the `residual` class search of the same N.
 
     PYTHONPATH=. python experiments/policy_optimal_timing.py --N 16 32 48 64 [--corun-slowdown 2.8 1.05]
@@ -71,7 +71,7 @@ K = old_kernels()
 
 def old_build_process(spec, N, rnd):
     """``optimizer.policy.build_process`` at cb7b026 (the same wrapper) over the old kernels."""
-    from optimizer.bounds import _corun_quanta, _outcomes, _quanta
+    from optimizer.bounds import _corun_quanta, _quanta
 
     M = spec.M
     d = np.ascontiguousarray(_quanta(spec, N, rnd), dtype=np.int64)
@@ -82,7 +82,7 @@ def old_build_process(spec, N, rnd):
     cbar = (spec.C * P).sum(axis=1)
     bn = max(1, N.bit_length())
     br = max(1, int(max(d.max(), dco_a.max())).bit_length())
-    offsets, parts, prob = _outcomes(N, M, P)
+    offsets, parts, prob = K.outcome_table(N, M, P)   # the old kernels' own table
     lo = np.zeros(M, dtype=np.int64)
     hi = np.full(M, N + 1, dtype=np.int64)
     st, n, keys, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, ukey, key0, init = K.policy_mdp_build(
@@ -96,7 +96,7 @@ def old_build_process(spec, N, rnd):
 
 
 def old_value_iteration(proc, rtol=1e-10, max_sweeps=200_000, omega=0.7):
-    """The value iteration of ``optimizer.policy`` at cb7b026 (before issue 27, target 3)."""
+    """The value iteration of ``optimizer.policy`` at cb7b026 (before the compiled solver)."""
     n = proc.n
     per_state = proc.opt_ptr[proc.out_ptr[1:n + 1]] - proc.opt_ptr[proc.out_ptr[:n]]
     terms = int(per_state.max()) + 8 if n else 8
@@ -190,7 +190,7 @@ def main() -> int:
             opt, wb, cb = timed(optimize_thresholds, spec, N, search="auto", round_to_grid=rnd)
             bs = f"{wb:.1f} ({cb:.1f})"
             if not a.no_residual:
-                from tr_model.launch_policy import class_policy
+                from tr_model.tuning.launch_policy import class_policy
                 cp, wr, cr = timed(class_policy, spec, N, "residual", opt.best_B, round_to_grid=rnd)
                 rs = f"{wr:.1f} ({cr:.1f})"
                 rv = f"{(cp.throughput_tok_s - r.throughput_tok_s) / r.throughput_tok_s:+.1e}"

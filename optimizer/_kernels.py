@@ -1242,8 +1242,8 @@ RULE_BIG = np.int64(1) << 40     # "no running batch" / "never" in the rule's co
 def _class_mask(cls, k, b, r, par, order, caps, d, dco, R, Bb):
     """The launch bits (bit j: idle model j launches) of class ``cls`` with parameters ``par`` (M, P) in the
     pre-decision configuration (k, b, r); never an empty batch.  ``order``: the models by step length (the
-    ``ratio`` class decides in that order); ``R``, ``Bb``: scratch of M entries.  The rule is the one of
-    ``optimizer.policy.class_table`` (see there), configuration by configuration."""
+    ``ratio`` class decides in that order); ``R``, ``Bb``: scratch of M entries.  The rule is the one
+    stated in ``optimizer.policy.class_table``'s docstring, configuration by configuration."""
     M = k.shape[0]
     mask = np.int64(0)
     if cls == CLS_RATIO:

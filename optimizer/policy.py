@@ -436,56 +436,9 @@ def class_table(proc: Process, cls: str, params) -> PolicyTable:
     """
     if cls not in CLASSES:
         raise ValueError(f"unknown policy class {cls!r}; choose one of {', '.join(CLASSES)}")
-    S = proc.configs
-    M = proc.M
-    Bp = np.asarray(params, dtype=np.int64).reshape(M, CLASS_PARAMS[cls])
-    if cls == "ratio":
-        return PolicyTable(proc.N, S, _ratio_launch(proc, S, Bp))
-    running = S[:, :, 2] > 0
-    launch = np.zeros((S.shape[0], M), dtype=bool)
-    big = np.int64(1) << 40
-    dco = proc.d if proc.dco is None else proc.dco
-    for j in range(M):
-        oth = [i for i in range(M) if i != j]
-        other = running[:, oth].any(axis=1)
-        thr = np.where(other, Bp[j, 1], Bp[j, 0])
-        if cls == "residual":
-            rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
-            take = np.minimum(S[:, j, 0], int(proc.caps[j]))
-            own = dco[j, take]
-            thr = np.where(other & (rmin < own), Bp[j, 2], thr)
-        if cls == "window":
-            rmin = np.where(running[:, oth], S[:, oth, 2], big).min(axis=1)
-            thr = np.where(rmin <= Bp[j, 1], big, Bp[j, 0])
-        launch[:, j] = (~running[:, j]) & (S[:, j, 0] >= np.maximum(thr, 1))
-    return PolicyTable(proc.N, S, launch)
-
-
-def _ratio_launch(proc: Process, S: np.ndarray, Bp: np.ndarray) -> np.ndarray:
-    """The ``ratio`` class's decisions: the models decide one after another, fastest step first, each seeing
-    the batches launched before it in the same epoch (their residual: the step under the launch law)."""
-    M, n = proc.M, S.shape[0]
-    dco = proc.d if proc.dco is None else proc.dco
-    R = S[:, :, 2].copy()
-    Bb = S[:, :, 1].copy()
-    launch = np.zeros((n, M), dtype=bool)
-    for j in sorted(range(M), key=lambda m: (int(proc.d[m, 1]), m)):
-        oth = [i for i in range(M) if i != j]
-        run = R > 0
-        wait = np.zeros(n, dtype=bool)
-        for i in oth:
-            t = R[:, i]
-            arriving = np.zeros(n, dtype=np.int64)
-            for l in oth:
-                arriving += np.where(run[:, l] & (R[:, l] <= t), Bb[:, l], 0)
-            wait |= run[:, i] & (t * S[:, j, 0] <= Bp[j, 1] * arriving)
-        go = (S[:, j, 2] == 0) & (S[:, j, 0] >= max(int(Bp[j, 0]), 1)) & ~wait
-        launch[:, j] = go
-        take = np.minimum(S[:, j, 0], int(proc.caps[j]))
-        step = np.where(run[:, oth].any(axis=1), dco[j, take], proc.d[j, take])
-        R[:, j] = np.where(go, step, R[:, j])
-        Bb[:, j] = np.where(go, take, Bb[:, j])
-    return launch
+    # the one compiled rule (``_kernels._class_mask``) decides every configuration; the NumPy statement of the
+    # same rule that used to live here is the tests' independent oracle (tests/policy_reference.py)
+    return PolicyTable(proc.N, proc.configs, class_rule(proc, cls, params, proc.configs))
 
 
 def threshold_table(proc: Process, B) -> PolicyTable:
@@ -542,7 +495,7 @@ def _rule_args(grid, cls: str, params):
 def class_rule(grid, cls: str, params, states) -> np.ndarray:
     """The launch bits ((n, M) booleans) of class ``cls`` in the pre-decision configurations ``states``
     ((n, M, 3) rows of k, b, r) on a :class:`RuleGrid` or :class:`Process`: the compiled rule that
-    :func:`class_chain_table` applies (the same decisions as :func:`class_table`'s, which is its reference)."""
+    :func:`class_chain_table` and :func:`class_table` apply (the one statement of the class rules in package code)."""
     from optimizer import _kernels as K
 
     code, par, order, caps, d, dco = _rule_args(grid, cls, params)
@@ -565,7 +518,7 @@ def class_chain_table(spec: SystemSpec, N: int, cls: str, params, *, round_to_gr
     """The table of a compact class over exactly the pre-decision configurations its chain meets, without
     the all-policy process: a breadth-first enumeration of the chain under the class's rule
     (:func:`optimizer._kernels.class_reach`) decides each configuration when it is first met.  Its decisions
-    are :func:`class_table`'s on every configuration (same rule; tested against it), and
+    are :func:`class_table`'s on every configuration (the same compiled rule), and
     :func:`evaluate_table` on it is the class's exact chain.
 
     Raises :class:`dtmc.DTMCError` when the rule deadlocks (no model runs after a decision) and

@@ -10,6 +10,7 @@ import pytest
 
 from dtmc import DTMCError
 from optimizer import policy as POL
+from policy_reference import class_launch_reference
 from tr_core.spec import preset
 
 
@@ -57,7 +58,7 @@ def test_the_compiled_rule_is_class_tables_on_every_configuration(case, cls):
     S = proc.configs
     launches = 0
     for params in _members(rng, cls, spec.M, N, longest, 12):
-        ref = POL.class_table(proc, cls, params).launch
+        ref = class_launch_reference(proc, cls, params)
         got = POL.class_rule(proc, cls, params, S)
         assert np.array_equal(got, ref), params
         launches += int(ref.sum())
@@ -74,7 +75,7 @@ def test_the_reached_table_gives_the_process_tables_chain(case, cls):
     members = [POL.class_start(cls, [1] * spec.M)] + _members(rng, cls, spec.M, N, longest, 5)
     solved = 0
     for params in members:
-        ref_tab = POL.class_table(proc, cls, params)
+        ref_tab = POL.PolicyTable(proc.N, proc.configs, class_launch_reference(proc, cls, params))
         try:
             ref = POL.evaluate_table(spec, N, ref_tab, d=proc.d, dco=proc.dco)
         except DTMCError:

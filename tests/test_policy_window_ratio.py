@@ -63,8 +63,9 @@ def _sweep_params(M, N, steps):
 @pytest.mark.parametrize("case", ["me3", "r2r_corun6"])
 def test_reader_decides_as_the_chain_state_for_state(cls, case, tmp_path):
     """For many parameter sets, the reader's decide() in every pre-decision configuration of the process equals
-    the launch bits of ``optimizer.policy.class_table`` (a reader whose rule differs fails here)."""
+    the launch bits of the NumPy reference rule (tests/policy_reference.py) (a reader whose rule differs fails here)."""
     from optimizer import policy as POL
+    from policy_reference import class_launch_reference
     from tr_model.tuning.autotune import tune
     spec, N = (_me(), 3) if case == "me3" else (_r2r_corun(), 6)
     table = tune(spec, N, tmp_path / "t.json", policy=cls, policy_max_n=1)
@@ -74,7 +75,7 @@ def test_reader_decides_as_the_chain_state_for_state(cls, case, tmp_path):
     longest = int(max(proc.d.max(), (proc.dco if proc.dco is not None else proc.d).max()))
     checked = waits = 0
     for params in _sweep_params(spec.M, N, longest):
-        ref = POL.class_table(proc, cls, params).launch
+        ref = class_launch_reference(proc, cls, params)
         rows = list(table.policy_rows)
         rows[N - 1] = tuple((b, float(f"{w * delta:.12g}")) for b, w in params)
         t = dataclasses.replace(table, policy_rows=tuple(rows))

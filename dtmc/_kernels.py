@@ -805,6 +805,26 @@ def _active_remove(act, where, na, i):
 
 
 @njit(cache=True)
+def _alive_by_step(lo, n):
+    """The rows (and columns) grouped by the elimination step at which they become alive: row i joins at step
+    ``lo[i]`` (its envelope's first column) when ``lo[i] < i``; the rows of step k are
+    ``byk[bstart[k]:bstart[k+1]]``.  Shared by both GTH eliminations."""
+    bstart = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if lo[i] < i:
+            bstart[lo[i] + 1] += 1
+    for k in range(n):
+        bstart[k + 1] += bstart[k]
+    byk = np.empty(bstart[n], dtype=np.int64)
+    fill = bstart[:n].copy()
+    for i in range(n):
+        if lo[i] < i:
+            byk[fill[lo[i]]] = i
+            fill[lo[i]] += 1
+    return bstart, byk
+
+
+@njit(cache=True)
 def gth_solve(indptr, indices, data, lo, stop_on_underflow=False):
     """Stationary vector of an irreducible chain by GTH state reduction (subtraction-free).
 
@@ -849,18 +869,7 @@ def gth_solve(indptr, indices, data, lo, stop_on_underflow=False):
             elif j > i:
                 U[off[j] + i - lo[j]] += data[q]
     # rows (and columns) by the step at which they become alive
-    bstart = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        if lo[i] < i:
-            bstart[lo[i] + 1] += 1
-    for k in range(n):
-        bstart[k + 1] += bstart[k]
-    byk = np.empty(bstart[n], dtype=np.int64)
-    fill = bstart[:n].copy()
-    for i in range(n):
-        if lo[i] < i:
-            byk[fill[lo[i]]] = i
-            fill[lo[i]] += 1
+    bstart, byk = _alive_by_step(lo, n)
     act = np.empty(n, dtype=np.int64)
     where = np.full(n, -1, dtype=np.int64)
     na = I0
@@ -1103,18 +1112,7 @@ def gth_solve_scaled(indptr, indices, data, lo):
                 wm, we = _x_add(Um[p], np.int64(Ue[p]), vm, ve)
                 Um[p] = wm
                 Ue[p] = we
-    bstart = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        if lo[i] < i:
-            bstart[lo[i] + 1] += 1
-    for k in range(n):
-        bstart[k + 1] += bstart[k]
-    byk = np.empty(bstart[n], dtype=np.int64)
-    fill = bstart[:n].copy()
-    for i in range(n):
-        if lo[i] < i:
-            byk[fill[lo[i]]] = i
-            fill[lo[i]] += 1
+    bstart, byk = _alive_by_step(lo, n)
     act = np.empty(n, dtype=np.int64)
     where = np.full(n, -1, dtype=np.int64)
     na = I0

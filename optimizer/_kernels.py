@@ -41,7 +41,7 @@ from dtmc._kernels import _table_rebuild as _rehash
 # kernel would survive an edit of dtmc/_kernels.py.  This stamp is the sha256 of that file;
 # tests/test_kernel_copies.py fails when it is stale, and updating it edits this file, which invalidates
 # this module's cache.
-_DTMC_KERNELS_SHA = "4f00f25bbe07a6dff94c8ac5ecaa9328491f7797340e74d2af803819abbbc2b5"
+_DTMC_KERNELS_SHA = "c6e16e671559c702eeded155808d61ee2b432d84e9ba0b856d07a66d725d8f72"
 
 class Box(NamedTuple):
     """A threshold box ``lo <= B <= hi`` (componentwise): the launch freedom of a decision process."""
@@ -136,67 +136,6 @@ NO_LAUNCH = 1 << 30      # lmin of a model that never launched (above any queue;
 OK = 0
 TOO_LARGE = 1
 DEADLOCK = 2
-
-
-@njit(cache=True)
-def outcome_table(N, M, P):
-    """Compositions of b = 0..N into M parts and their multinomial probabilities per source model.
-
-    Returns ``(offsets, parts, prob)``: compositions of ``b`` are rows
-    ``offsets[b]:offsets[b+1]`` of ``parts``; ``prob[i, c]`` is the
-    probability that a batch of ``b`` leaving model ``i`` splits as row ``c``
-    (exactly 0 when a part goes to a zero-probability destination).
-    """
-    offsets = np.zeros(N + 2, dtype=np.int64)
-    for b in range(N + 1):
-        c = 1
-        for t in range(1, M):
-            c = c * (b + t) // t
-        offsets[b + 1] = offsets[b] + c
-    total = offsets[N + 1]
-    parts = np.zeros((total, M), dtype=np.int64)
-    x = np.zeros(M, dtype=np.int64)
-    for b in range(N + 1):
-        row = offsets[b]
-        for j in range(M):
-            x[j] = 0
-        x[M - 1] = b
-        while True:
-            for j in range(M):
-                parts[row, j] = x[j]
-            row += 1
-            j = M - 2
-            moved = False
-            while j >= 0:
-                if x[M - 1] > 0:
-                    x[j] += 1
-                    x[M - 1] -= 1
-                    moved = True
-                    break
-                x[M - 1] += x[j]
-                x[j] = 0
-                j -= 1
-            if not moved:
-                break
-    logf = np.zeros(N + 1)
-    for v in range(2, N + 1):
-        logf[v] = logf[v - 1] + np.log(v)
-    prob = np.zeros((M, total))
-    for i in range(M):
-        for b in range(N + 1):
-            for c in range(offsets[b], offsets[b + 1]):
-                lp = logf[b]
-                ok = True
-                for j in range(M):
-                    v = parts[c, j]
-                    if v > 0:
-                        if P[i, j] <= 0.0:
-                            ok = False
-                            break
-                        lp += v * np.log(P[i, j]) - logf[v]
-                if ok:
-                    prob[i, c] = np.exp(lp)
-    return offsets, parts, prob
 
 
 @njit(cache=True, inline="always")

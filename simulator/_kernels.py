@@ -74,7 +74,7 @@ from dtmc._kernels import corun_at_launch
 # so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
 # that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
 # invalidates this module's cache).
-_DTMC_KERNELS_SHA = "4f00f25bbe07a6dff94c8ac5ecaa9328491f7797340e74d2af803819abbbc2b5"
+_DTMC_KERNELS_SHA = "c6e16e671559c702eeded155808d61ee2b432d84e9ba0b856d07a66d725d8f72"
 
 
 class SimSystem(NamedTuple):

@@ -180,7 +180,7 @@ step_corun() {
             --out "$STEP_DIR/Qwen3-32B_corun.json" || rc=$?
         return $rc
     fi
-    # the runtime executor's probe (tr_model.runtime.torch_executor.profile_step_latency with other=)
+    # the runtime executor's probe (tr_model.serving.runtime.torch_executor.profile_step_latency with other=)
     # shellcheck disable=SC2086
     x "$PY" benchmarks/gpu_corun_probe.py --small-config "$SMALL" --large-config "$LARGE" \
         --batch-sizes $CORUN_BS --other-batch-sizes $CORUN_OTHER_BS --context "$CTX" \

@@ -2,7 +2,7 @@
 
 The GPU check's co-running step where ``tr-profile latency --corun`` is
 missing (an older tree); it uses the runtime's own executor and its probe,
-``tr_model.runtime.torch_executor.profile_step_latency(..., other=...)``:
+``tr_model.serving.runtime.torch_executor.profile_step_latency(..., other=...)``:
 both models (random weights, bf16, the Qwen3-0.6B and Qwen3-32B configs)
 live on one device, each with its own CUDA stream and graphs; model i's
 decode step of b rows is timed (wall clock of the runtime's step: input copy,
@@ -66,7 +66,7 @@ def parse_args(argv):
 
 def build(a):
     import torch
-    from tr_model.runtime.torch_executor import SlotModel, load_shape, random_weights, tiny_shape
+    from tr_model.serving.runtime.torch_executor import SlotModel, load_shape, random_weights, tiny_shape
     cuda = torch.cuda.is_available() and not a.tiny
     if a.tiny:
         shapes = [tiny_shape(hidden=32, layers=2, vocab_size=256), tiny_shape(hidden=64, layers=2, vocab_size=256)]
@@ -95,7 +95,7 @@ def spread(values):
 
 def measure(models, a, rows, save):
     """Append the rows of each timed model to ``rows``; ``save()`` after each (partial results survive)."""
-    from tr_model.runtime.torch_executor import profile_step_latency
+    from tr_model.serving.runtime.torch_executor import profile_step_latency
     kw = dict(context=a.context, steps=a.steps, warmup=a.warmup_steps)
     timed = [0, 1] if a.models == "both" else [NAMES.index(a.models)]
     for i in timed:

@@ -6,7 +6,7 @@ both models in one process (one CUDA stream and worker thread each; separate
 GPUs when there are two):
 
 1. **profile** each model through the runtime's own executor
-   (``tr_model.runtime.torch_executor``, CUDA graphs per (b, T)): decode step
+   (``tr_model.serving.runtime.torch_executor``, CUDA graphs per (b, T)): decode step
    ``L_i(b)`` for b = 1..max N, the extend cost (steps feeding 4 tokens per
    row), and the decode step while the other model runs decode steps back to
    back (the co-running latency);
@@ -21,7 +21,7 @@ GPUs when there are two):
 3. **predict** ``B*(N)`` for N = 1, 2, 4, 8, 16 with both models, "L(b)" (the
    chain's assumptions with batch-dependent latency) and "+costs" (extend and
    co-running), over all B with B0 <= 2;
-4. **measure** the runtime (``tr_model.runtime``, closed loop, N clients, greedy
+4. **measure** the runtime (``tr_model.serving.runtime``, closed loop, N clients, greedy
    decoding, geometric router with P) at eager (1, 1), at both predicted B* and
    at the +costs B*'s neighbours in B1; tokens/s over a window after a warm-up,
    95% interval by batch means over the window's slices pooled over repeats.
@@ -107,7 +107,7 @@ def warm_simulator_cache():
 
 def build_models(a, maxN):
     import torch
-    from tr_model.runtime.torch_executor import SlotModel, load_shape, random_weights, tiny_shape
+    from tr_model.serving.runtime.torch_executor import SlotModel, load_shape, random_weights, tiny_shape
     cuda = torch.cuda.is_available() and not a.tiny
     if a.tiny:
         shapes = [tiny_shape(hidden=32, layers=2, vocab_size=256), tiny_shape(hidden=64, layers=2, vocab_size=256)]
@@ -145,7 +145,7 @@ def build_models(a, maxN):
 
 
 def profile(models, a, maxN):
-    from tr_model.runtime.torch_executor import profile_step_latency
+    from tr_model.serving.runtime.torch_executor import profile_step_latency
     bs = list(range(1, maxN + 1))
     ctx = max(1, min(a.prompt_tokens + a.output_tokens // 2, models[0].max_len - 8))
     kw = dict(context=ctx, steps=a.profile_steps, warmup=2, seed=a.seed)
@@ -163,7 +163,7 @@ def profile(models, a, maxN):
 
 def calibrate_overhead(ex, spec, a):
     """Per-step overhead of the runtime beyond the executor's step time (ms), from a closed loop at N = 1."""
-    from tr_model.runtime import measure_closed_loop
+    from tr_model.serving.runtime import measure_closed_loop
     ex.reset()
     r = measure_closed_loop(spec, 1, (1, 1), ex, duration_s=max(1.0, a.window_s / 2), warmup_s=a.warmup_s / 2,
                             max_output_tokens=a.output_tokens, prompt_len=a.prompt_tokens, seed=a.seed + 7)
@@ -222,7 +222,7 @@ def predict(spec, spec_o, ext, corun, N, a, buckets=()):
 
 
 def measure(ex, spec, N, B, a):
-    from tr_model.runtime import measure_closed_loop
+    from tr_model.serving.runtime import measure_closed_loop
     slices, runs = [], []
     graph_steps = steps = 0
     for rep in range(a.repeats):
@@ -294,7 +294,7 @@ def run(a) -> int:
     if warm is not None:
         warm.wait()
     import tr_model
-    from tr_model.runtime.torch_executor import TorchExecutor
+    from tr_model.serving.runtime.torch_executor import TorchExecutor
     ex = TorchExecutor(models)
     overhead, calib = calibrate_overhead(ex, tr_model.preset("r2r", [1.0, 1.0], p=a.p), a)
     spec, spec_o, ext, corun, model_doc = model_inputs(prof, a.p, overhead)

@@ -4,7 +4,7 @@ member (and B*) on the virtual clock, next to the chain's exact value (issue 27 
     PYTHONPATH=. python experiments/policy_me_runtime_check.py rows.json [rows2.json ...] [--virtual-s 300]
         [--N 2 3 ...] [--seeds 0 1]
 
-The runtime (``tr_model.runtime.measure_closed_loop``, emulated executor with the chain's grid latencies, solo
+The runtime (``tr_model.serving.runtime.measure_closed_loop``, emulated executor with the chain's grid latencies, solo
 and co-running, endless requests so that N stay active) decides with the vendorable reader's rule from a
 version-3 table (``experiments/policy_runtime.policy_table``), not with ``optimizer.policy``'s kernels, so a
 difference beyond the interval would point at either.  Interval: 20-slice batch means, 95 %; several seeds are

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import tr_model  # noqa: E402
 from tr_model.autotune import thresholds_document  # noqa: E402
 from tr_model.launch_policy import class_policy, threshold_row_fields  # noqa: E402
-from tr_model.runtime import EmulatedExecutor, measure_closed_loop  # noqa: E402
+from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop  # noqa: E402
 from tr_model.thresholds import ThresholdTable  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 R2R, p = 0.35, L = (6.0, 27.9) ms, delta = 0.1 ms, B0 = 1 and B1 = 1..N for
 N = 4, 8, 16.  *Predicted*: the delayed-batching chain (``tr_model.evaluate``).
-*Measured*: the reference asyncio runtime (``tr_model.runtime``: three loops
+*Measured*: the reference asyncio runtime (``tr_model.serving.runtime``: three loops
 per subserver, N closed-loop clients) with the emulated executor, every step
 stretched by ``--time-scale`` so that timer overshoot stays well under 1 % of
 a step (the script prints the measured overshoot).  All configurations run
@@ -18,7 +18,7 @@ and (unless ``--no-results``) the ``## autotune`` section of
 ``--clock wall`` (default) is the timing-accuracy check of the runtime on a real
 event loop (the tests no longer assert any wall-clock timing: they run on the
 virtual clock); ``--clock virtual`` runs the same runtime on
-:class:`tr_model.runtime.VirtualTimeLoop`, where every step lasts exactly its
+:class:`tr_model.serving.runtime.VirtualTimeLoop`, where every step lasts exactly its
 nominal length: the difference from the chain is then only the order of
 simultaneous events and the sampling error, and the run takes seconds.
 
@@ -39,7 +39,7 @@ import sys
 import time
 
 import tr_model
-from tr_model.runtime import EmulatedExecutor, run_closed_loop, run_in_new_loop
+from tr_model.serving.runtime import EmulatedExecutor, run_closed_loop, run_in_new_loop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

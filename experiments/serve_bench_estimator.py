@@ -28,7 +28,7 @@ from profiler import serve_bench as sb  # noqa: E402
 
 
 def replicate(spec, N, B, tokens, warm, W, slices, seed):
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
     from tr_model.serve import RuntimeService
 
     async def main():

@@ -36,7 +36,7 @@ from tr_model.autotune import tune  # noqa: E402
 
 def virtual_reference(spec, table, N, max_tokens, model_s, seed=0):
     """tokens/s of N clients calling RuntimeService.generate back to back on the virtual clock."""
-    from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, VirtualTimeLoop
     from tr_model.serve import RuntimeService
 
     async def main():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tr_model
-from tr_model.runtime import EmulatedExecutor, FixedThresholds, measure_closed_loop
+from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, measure_closed_loop
 from tr_model.thresholds import ThresholdTable
 
 
@@ -96,7 +96,7 @@ def test_live_lookup_uses_the_global_active_count():
 
 def test_trace_router_replays_recorded_requests():
     from simulator.traces import trace_from_records
-    from tr_model.runtime import TraceRouter
+    from tr_model.serving.runtime import TraceRouter
     spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
     # one recorded request: 0 (commit 1) -> 0 (commit 0, escalate) -> 1 (commit 1) -> 0 (commit 1, end): 3 tokens
     # in 6 + 6 + 27.9 + 6 = 45.9 ms, and N = 1 replays it back to back

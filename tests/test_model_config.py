@@ -56,7 +56,7 @@ def test_the_runtime_and_the_profiler_agree_on_the_qwen3_configs(name):
     from profiler.latency import kv_bytes_per_token
     from shadow_prefill.latency import ModelArch
     from tr_model.tuning.kvplan import read_model_footprint
-    from tr_model.runtime.torch_executor import load_shape
+    from tr_model.serving.runtime.torch_executor import load_shape
 
     with open(QWEN[name]) as f:
         cfg = json.load(f)

@@ -225,7 +225,7 @@ class _LaunchLog:
 def test_runtime_executes_the_table_not_b(v3):
     """N = 8: the policy never launches the SLM while the LLM's batch ends sooner than an SLM step; the
     fixed B* does so often.  A runtime that fell back to B would fail the first assertion."""
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r()
     _, table, _ = v3
     runs = {}
@@ -242,7 +242,7 @@ def test_runtime_throughput_matches_the_policy_chain(v3):
     """On the virtual clock the runtime under the N = 4 policy measures the chain's value for that policy
     within its 95 % interval (the interval is tight enough to tell it from B*'s, 0.29 % lower, only over far
     longer runs; the test above tells the two apart structurally)."""
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r()
     _, table, _ = v3
     r = measure_closed_loop(spec, 4, table, EmulatedExecutor(spec.latency_ms), duration_s=120.0, warmup_s=2.0,
@@ -257,7 +257,7 @@ def test_busy_class_runtime_and_chain_agree(tmp_path):
     """The busy class with a co-running spec (launch law in the emulator): the file's policy runs, and its
     measured throughput is within the interval of the chain's value."""
     from tr_model.tuning.autotune import tune
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r((1.5, 1.0))
     table = tune(spec, 4, tmp_path / "busy.json", policy="busy")
     assert table.policy_class == "busy" and table.schema_version == 3
@@ -272,7 +272,7 @@ def test_launch_law_executor_matches_the_corun_chain():
     """The emulator's launch law is the chain's: the eager vector (the models run together) under co-running
     (1.5, 1.0) at N = 4, which the solo emulator measures differently."""
     from tr_model.api import evaluate
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r((1.5, 1.0))
     pred = evaluate(spec, 4, (1, 1)).throughput_tok_s
     ex = EmulatedExecutor(spec.latency_ms, corun_latency_ms=spec.corun_latency_ms)
@@ -303,7 +303,7 @@ def test_the_servers_runtime_executes_the_table(v3):
     requests finish with their tokens, /health shows the policy row, and the SLM is never launched while the
     LLM's batch returns sooner (the table's rule; B* would)."""
     import asyncio
-    from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, VirtualTimeLoop
     from tr_model.serving.server import RuntimeService
     spec = _r2r()
     _, table, _ = v3
@@ -396,7 +396,7 @@ def test_runtime_estimates_the_others_end_from_the_file_without_step_end(v3):
     """An executor that does not report step_end (a real GPU executor): the runtime estimates the other's end
     from its launch time and the file's step_ms; with constant latencies the estimate is exact, so the rule
     holds as before."""
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
 
     class NoEnd(_LaunchLog):
         step_end = None
@@ -452,7 +452,7 @@ def test_runtime_decides_at_events_like_the_chain_under_corunning(tmp_path):
     would launch more beside the LLM and measure about +1 % above the chain (3.7 tok/s, experiments/LOG.md).
     The runtime measures the chain's value within its interval, and B*'s for B*."""
     from tr_model.tuning.autotune import tune
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     spec = _r2r((1.5, 1.05))
     table = tune(spec, 8, tmp_path / "mild.json", policy="residual", round_to_grid=True)
     assert table.policy_of(8) == ((2, 1, 3), (6, 6, 6))

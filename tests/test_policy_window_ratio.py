@@ -150,7 +150,7 @@ def test_v3_window_matches_the_json_schema(me3):
 def test_runtime_runs_ratio_at_the_chain_value(me3):
     """ME at N = 3 under the ratio policy on the virtual clock: the measured throughput is within its 95 %
     interval of the chain's exact value under that policy."""
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     cls, _p, table, _doc = me3
     if cls != "ratio":
         pytest.skip("ratio only")
@@ -196,7 +196,7 @@ def test_runtime_fixed_thresholds_decide_after_the_instants_completions():
     launch taken before a coinciding completion has routed to the model starts a smaller batch than the
     chain's (1.5 % low).  The plain threshold path waits for the instant to settle, as the chain does."""
     import tr_model
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, measure_closed_loop
     spec = _me()
     exact = tr_model.evaluate(spec, 3, (1, 1, 1)).throughput_tok_s
     r = measure_closed_loop(spec, 3, FixedThresholds((1, 1, 1)), EmulatedExecutor(spec.latency_ms),

@@ -77,7 +77,7 @@ def test_the_runtime_with_catch_up_costs_agrees_with_the_simulator():
     # an independent implementation of the same law: the runtime's emulated executor tracks what each model has
     # seen per request object, the simulator per slot in its kernel; short requests make first visits (a whole
     # history to catch up) frequent
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     e = 2.0
     ex = EmulatedExecutor(R2R.latency_ms, extend_ms_per_token=lambda m, b: e if m == 1 else 0.0)
     r = measure_closed_loop(R2R, 4, (1, 3), ex, duration_s=200.0, warmup_s=2.0, max_output_tokens=24, prompt_len=0,
@@ -89,7 +89,7 @@ def test_the_runtime_with_catch_up_costs_agrees_with_the_simulator():
 
 
 def test_the_runtime_with_co_running_slowdown_agrees_with_the_simulator():
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     f = [[1.0, 2.0], [1.2, 1.0]]
     for B in [(1, 1), (1, 4)]:
         ex = EmulatedExecutor(R2R.latency_ms, corun_slowdown=f)

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import tr_model  # noqa: E402
-from tr_model.runtime import measure_closed_loop  # noqa: E402
-from tr_model.runtime.torch_executor import (SlotModel, TorchExecutor, profile_step_latency,  # noqa: E402
+from tr_model.serving.runtime import measure_closed_loop  # noqa: E402
+from tr_model.serving.runtime.torch_executor import (SlotModel, TorchExecutor, profile_step_latency,  # noqa: E402
                                              random_weights, tiny_shape, weights_from_state_dict)
 
 
@@ -128,7 +128,7 @@ def test_routed_run_keeps_every_cache_equal_to_a_recomputation():
 
 def test_table_lookup_trace_routing_and_profiling_helpers():
     from simulator.traces import generate_trace
-    from tr_model.runtime import TraceRouter
+    from tr_model.serving.runtime import TraceRouter
     from tr_model.thresholds import ThresholdTable
     shape = tiny_shape(hidden=32, layers=1, vocab_size=64)
     models = [SlotModel(shape, random_weights(shape, seed=k), n_slots=3, max_len=200, t_buckets=(1, 2, 4))
@@ -188,7 +188,7 @@ def test_cuda_graph_steps_equal_eager_steps_and_serve_a_routed_run():
 
 def test_shapes_of_the_project_configs_match_the_profiles_byte_counts():
     import os
-    from tr_model.runtime.torch_executor import Qwen3Shape, load_shape
+    from tr_model.serving.runtime.torch_executor import Qwen3Shape, load_shape
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     small = load_shape(os.path.join(root, "data", "models", "Qwen3-0.6B", "config.json"))
     large = load_shape(os.path.join(root, "data", "models", "Qwen3-32B", "config.json"))

@@ -43,7 +43,7 @@ def _sigint_default():
 
 def _closed_loop_on_virtual_clock(N, table, duration_s, max_tokens=32, seed=0):
     """N clients calling RuntimeService.generate back to back on the virtual clock; tokens/s over the window."""
-    from tr_model.runtime import EmulatedExecutor, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, VirtualTimeLoop
     from tr_model.serving.server import RuntimeService
 
     async def main():
@@ -99,7 +99,7 @@ def test_service_closed_loop_matches_the_chain_on_the_virtual_clock():
 
 
 def test_service_limits_admission_to_max_concurrency():
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
     from tr_model.serving.server import RuntimeService
 
     async def main():
@@ -128,7 +128,7 @@ def test_service_limits_admission_to_max_concurrency():
 
 
 def test_a_failing_executor_fails_the_requests_instead_of_hanging():
-    from tr_model.runtime import FixedThresholds, VirtualTimeLoop
+    from tr_model.serving.runtime import FixedThresholds, VirtualTimeLoop
     from tr_model.serving.server import RequestError, RuntimeService
 
     class Broken:

@@ -305,7 +305,7 @@ def test_cancelled_requests_leave_the_runtime_and_free_their_slots_on_the_virtua
     to idle, and requests that were not cancelled still get all their tokens.  Eager thresholds: a fixed
     threshold above the active count would wait for requests that never come, cancelled or not."""
     import asyncio
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
     from tr_model.serving.server import RuntimeService
 
     class Counting(EmulatedExecutor):

@@ -82,7 +82,7 @@ def _bench_on_virtual_clock(N, B, max_tokens, warmup_s, window_s, slices, seed=0
     """N clients calling RuntimeService.generate back to back on the virtual clock, /health read (in process) at
     the window's slice boundaries as serve-bench does; returns the client records, the readings and the runtime's
     own count of tokens committed inside the window."""
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds, VirtualTimeLoop
     from tr_model.serving.server import RuntimeService
 
     async def main():
@@ -228,7 +228,7 @@ def test_the_emulator_counts_each_models_steps_and_lateness_under_every_law(law)
     """serve-bench's callers read the step lateness per model from /health (timer_by_model) to evaluate the chain
     at the steps actually run; the co-running laws used to leave it at zero steps (experiments/LOG.md, N = 16
     co-running over HTTP).  On the virtual clock every step ends exactly on time: lateness 0, every step counted."""
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     kw = {"launch": {"corun_latency_ms": lambda i, b: 1.5 * SPEC.latency_ms(i, b)},
           "shared": {"corun_slowdown": [[1.0, 1.5], [1.05, 1.0]]}}.get(law, {})
     ex = EmulatedExecutor(SPEC.latency_ms, **kw)

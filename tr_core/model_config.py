@@ -1,7 +1,7 @@
 """A Hugging Face ``config.json`` read once: the architecture fields and the parameter counts.
 
 The KV plan (:mod:`tr_model.kvplan`), the ShadowPrefill roofline (:mod:`shadow_prefill.latency`), the runtime's
-Qwen3 shapes (:mod:`tr_model.runtime.torch_executor`) and the profiler's KV bytes (:mod:`profiler.latency`)
+Qwen3 shapes (:mod:`tr_model.serving.runtime.torch_executor`) and the profiler's KV bytes (:mod:`profiler.latency`)
 read the same fields and count the same parameters; this module is where the fields are read and the
 formulas live, and tests/test_model_config.py checks that the callers agree and that no second reader of
 the fields appears.  Each caller keeps its own error type (``error=``) and decides what it requires (the

@@ -18,7 +18,7 @@ This package is the face of the project (the top layer: nothing below imports it
   the one writer of thresholds files), ``launch_policy``, ``export`` (R2R launch arguments), ``kvplan``; the
   thresholds format's reader is ``thresholds``, kept at this stable path because runtimes vendor the file
   (standard library only, no project imports, on purpose);
-- ``serving``: the HTTP server (``serving.server``) around the reference asyncio runtime ``runtime`` (delayed
+- ``serving``: the HTTP server (``serving.server``) around the reference asyncio runtime ``serving.runtime`` (delayed
   batching and its executors).  It looks thresholds up with the reader and never imports tuning, the API or the
   command lines.
 

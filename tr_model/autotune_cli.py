@@ -439,7 +439,7 @@ def _check_measure(a) -> None:
 
 
 def _cmd_measure(a) -> int:
-    from tr_model.runtime import EmulatedExecutor, measure_closed_loop
+    from tr_model.serving.runtime import EmulatedExecutor, measure_closed_loop
     _check_measure(a)
     fmt = output_format(a)
     system = build_system(a, a.N)
@@ -632,7 +632,7 @@ def _serve_spec(a, spec_doc):
 def _torch_serve_executor(a, spec, n_slots: int):
     try:
         import torch
-        from tr_model.runtime.torch_executor import SlotModel, TorchExecutor, load_shape, random_weights
+        from tr_model.serving.runtime.torch_executor import SlotModel, TorchExecutor, load_shape, random_weights
     except ImportError as e:
         raise SpecError(f"--executor torch needs torch ({e.name} is missing): pip install "
                         "'tokenrouter-model[profile]'") from None
@@ -675,7 +675,7 @@ def _refuse_serve_dropped(a) -> None:
 
 def _cmd_serve(a) -> int:
     from tr_model.serving import server as serve
-    from tr_model.runtime import EmulatedExecutor, FixedThresholds
+    from tr_model.serving.runtime import EmulatedExecutor, FixedThresholds
     _refuse_serve_dropped(a)
     serve.require_http_stack()
     check_number(a.N, "--N", ge=1)

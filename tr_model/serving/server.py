@@ -1,6 +1,6 @@
 """``tr-autotune serve``: the reference runtime behind an OpenAI-compatible HTTP API.
 
-The runtime (:mod:`tr_model.runtime`: one subserver per model, delayed batching
+The runtime (:mod:`tr_model.serving.runtime`: one subserver per model, delayed batching
 with the thresholds row of the live number of active requests) runs in the
 same event loop as the HTTP server, so every in-flight HTTP request is one
 active request of the runtime: with N closed-loop clients the runtime sees N
@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from tr_core.errors import SpecError
-from tr_model.runtime.core import MatrixRouter, Request, TokenRouterRuntime, new_event_loop
+from tr_model.serving.runtime.core import MatrixRouter, Request, TokenRouterRuntime, new_event_loop
 
 __all__ = ["RuntimeService", "ServeLimits", "build_app", "bind_socket", "serve", "MAX_BODY_BYTES",
            "require_http_stack"]
@@ -109,7 +109,7 @@ class RuntimeService:
 
     ``thresholds``: anything with ``lookup(active_requests)`` (a
     :class:`~tr_model.thresholds.WatchedThresholds`, a table, or
-    :class:`~tr_model.runtime.FixedThresholds` of ones for the eager baseline).
+    :class:`~tr_model.serving.runtime.FixedThresholds` of ones for the eager baseline).
     Requests beyond ``max_concurrency`` wait for admission (they are not
     active: the thresholds row is looked up with the admitted count).  Each
     request routes with its own random stream seeded by ``(seed, request
@@ -646,7 +646,7 @@ def serve(service: RuntimeService, host: str = "127.0.0.1", port: int = 8000, *,
     """Serve until SIGTERM or Ctrl-C; returns the name of the signal that stopped it (None otherwise).
 
     Binds first (a port in use is a :class:`SpecError`), then runs the runtime
-    and uvicorn in one ``select()`` event loop (:func:`tr_model.runtime.new_event_loop`,
+    and uvicorn in one ``select()`` event loop (:func:`tr_model.serving.runtime.new_event_loop`,
     whose timers are precise to well under a millisecond).  On a signal the
     server stops accepting connections, lets in-flight requests finish for up
     to ``shutdown_timeout_s`` seconds, stops the runtime and returns.

@@ -6,7 +6,7 @@ within the class is not proven) and returns the row fields of a version-3 file; 
 the file's top-level ``policy`` object (the columns' names, the batch caps and, for ``residual`` and ``ratio``, the step
 lengths the rule compares with); :func:`threshold_row_fields` is the row of an N that was not searched (its
 policy is its threshold vector).  The file format is in :mod:`tr_model.thresholds`; the runtime executes it
-(:mod:`tr_model.runtime.core`).
+(:mod:`tr_model.serving.runtime.core`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ id of every request in the batch (or ``None`` when no real tokens exist).
   timeout granularity), so ``time_scale`` must make the shortest step long
   enough for the overshoot to be a small fraction (``time_scale = 20`` gives a
   120 ms step for L = 6 ms, i.e. about 0.5 %).
-* :class:`tr_model.runtime.torch_executor.TorchExecutor` (loaded lazily by
+* :class:`tr_model.serving.runtime.torch_executor.TorchExecutor` (loaded lazily by
   :func:`torch_executor`: the only runtime module that imports torch) runs
   Qwen3 models with per-model slot KV caches, catch-up extends and, on CUDA,
   graph-replayed steps.
@@ -207,6 +207,6 @@ class EmulatedExecutor(StepExecutor):
 
 
 def torch_executor(*args, **kwargs):
-    """Build :class:`tr_model.runtime.torch_executor.TorchExecutor` (imports torch only when called)."""
-    from tr_model.runtime.torch_executor import TorchExecutor
+    """Build :class:`tr_model.serving.runtime.torch_executor.TorchExecutor` (imports torch only when called)."""
+    from tr_model.serving.runtime.torch_executor import TorchExecutor
     return TorchExecutor(*args, **kwargs)

@@ -1,6 +1,6 @@
 """The runtime's GPU executor: Qwen3 decoding with per-model slot KV caches, catch-up extends and CUDA graphs.
 
-This is the only module of ``tr_model`` that imports torch (``tr_model.runtime``
+This is the only module of ``tr_model`` that imports torch (``tr_model.serving.runtime``
 loads it lazily).  It runs the Qwen3 architecture itself on weight tensors
 (random, or taken from a Hugging Face model's state dict), so that the cache
 layout, the step shapes and the graph capture are under its control and do not
@@ -356,7 +356,7 @@ class _nullcontext:
 
 
 class TorchExecutor:
-    """Step executor of :mod:`tr_model.runtime` over :class:`SlotModel` s (one per subserver).
+    """Step executor of :mod:`tr_model.serving.runtime` over :class:`SlotModel` s (one per subserver).
 
     Keeps, per request, the slot it holds on each model and how many of its
     tokens each model's cache covers (``request.executor_state``); a step

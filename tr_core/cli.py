@@ -257,7 +257,33 @@ def _install_sigterm() -> Callable[[], None]:
         signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = _redeliver_swallowed(old_hook)
+
+    def restore():
+        signal.signal(signal.SIGTERM, old)
+        sys.unraisablehook = old_hook
+    return restore
+
+
+def _redeliver_swallowed(old_hook):
+    """An unraisable-exception hook that sends a swallowed interrupt again.  A signal handler's exception
+    raised while Python code runs inside a C callback (llvmlite's object-cache callback while numba compiles,
+    for one) cannot propagate: Python reports it as unraisable and the command would run on, ignoring the
+    signal.  Sending the signal again delivers it at the next point where it can propagate."""
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt) and os.getpid() == _SIGTERM_OWNER[0]:
+            import threading
+            # from another thread, a moment later: sent from here, the handler would run (and be swallowed)
+            # inside this hook again
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM if isinstance(exc, Terminated)
+                                                     else signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        old_hook(unraisable)
+    return hook
 
 
 def _memory_error(exc: BaseException) -> bool:

@@ -85,34 +85,8 @@ def load_latency_table(path: str | os.PathLike, M: int) -> list[LatencyCurve | N
     path = os.fspath(path)
     text = read_text(path, "--L-table file")
     if path.lower().endswith(".csv"):
-        rows: dict[int, list[tuple[int, float]]] = {}
-        reader = csv.DictReader(text.splitlines())
-        _check_csv_header(reader, f"--L-table {path!r}")
-        for n, row in enumerate(reader, start=2):
-            _check_csv_row(row, f"--L-table {path!r} line {n}")
-            try:
-                i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
-            except (TypeError, ValueError):
-                raise SpecError(f"--L-table {path!r} line {n}: model and batch_size must be integers, "
-                                f"step_latency_ms a number") from None
-            if not 0 <= i < M:
-                raise SpecError(f"--L-table {path!r} line {n}: model {i} is not in 0..{M - 1}")
-            if not math.isfinite(v):
-                raise SpecError(f"--L-table {path!r} line {n}: step_latency_ms must be finite, "
-                                f"got {row['step_latency_ms']!r}")
-            rows.setdefault(i, []).append((b, v))
-        curves: list[LatencyCurve | None] = []
-        for i in range(M):
-            pts = sorted(rows.get(i, []))
-            if not pts:
-                curves.append(None)
-                continue
-            try:
-                curves.append(LatencyCurve("table", batch_size=tuple(p[0] for p in pts),
-                                           step_latency_ms=tuple(p[1] for p in pts)))
-            except SpecError as e:
-                raise SpecError(f"--L-table {path!r}, model {i}: {e}") from None
-        return curves
+        return _from_csv(text, f"--L-table {path!r}", M, lambda b, v: LatencyCurve("table", batch_size=tuple(b),
+                                                                                    step_latency_ms=tuple(v)))
     doc = parse_json_text(text, f"--L-table {path!r}")
     if isinstance(doc, dict):
         doc = doc.get("latency_curves", doc)
@@ -145,6 +119,37 @@ def _check_csv_row(row: dict, label: str) -> None:
         raise SpecError(f"{label}: {len(_CSV_COLUMNS) + len(row[None])} fields, the header has {len(_CSV_COLUMNS)}")
 
 
+def _from_csv(text: str, label: str, M: int, make) -> list:
+    """The CSV form of both latency tables (``--L-table``, ``--corun-L-table``): per model, ``make(batch sizes,
+    latencies)`` of its rows sorted by batch size, or None for a model without rows; errors start with ``label``."""
+    rows: dict[int, list[tuple[int, float]]] = {}
+    reader = csv.DictReader(text.splitlines())
+    _check_csv_header(reader, label)
+    for n, row in enumerate(reader, start=2):
+        _check_csv_row(row, f"{label} line {n}")
+        try:
+            i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
+        except (TypeError, ValueError):
+            raise SpecError(f"{label} line {n}: model and batch_size must be integers, "
+                            f"step_latency_ms a number") from None
+        if not 0 <= i < M:
+            raise SpecError(f"{label} line {n}: model {i} is not in 0..{M - 1}")
+        if not math.isfinite(v):
+            raise SpecError(f"{label} line {n}: step_latency_ms must be finite, got {row['step_latency_ms']!r}")
+        rows.setdefault(i, []).append((b, v))
+    out: list = []
+    for i in range(M):
+        pts = sorted(rows.get(i, []))
+        if not pts:
+            out.append(None)
+            continue
+        try:
+            out.append(make([p[0] for p in pts], [p[1] for p in pts]))
+        except SpecError as e:
+            raise SpecError(f"{label}, model {i}: {e}") from None
+    return out
+
+
 def load_corun_table(path: str | os.PathLike, M: int) -> list[CorunLatency | None]:
     """Read per-model co-running latencies ``Lco_i(b)`` (``--corun-L-table``) from JSON or CSV.
 
@@ -159,32 +164,7 @@ def load_corun_table(path: str | os.PathLike, M: int) -> list[CorunLatency | Non
     flag = f"--corun-L-table {path!r}"
     text = read_text(path, "--corun-L-table file")
     if path.lower().endswith(".csv"):
-        rows: dict[int, list[tuple[int, float]]] = {}
-        reader = csv.DictReader(text.splitlines())
-        _check_csv_header(reader, flag)
-        for n, row in enumerate(reader, start=2):
-            _check_csv_row(row, f"{flag} line {n}")
-            try:
-                i, b, v = int(row["model"]), int(row["batch_size"]), float(row["step_latency_ms"])
-            except (TypeError, ValueError):
-                raise SpecError(f"{flag} line {n}: model and batch_size must be integers, "
-                                f"step_latency_ms a number") from None
-            if not 0 <= i < M:
-                raise SpecError(f"{flag} line {n}: model {i} is not in 0..{M - 1}")
-            if not math.isfinite(v):
-                raise SpecError(f"{flag} line {n}: step_latency_ms must be finite, got {row['step_latency_ms']!r}")
-            rows.setdefault(i, []).append((b, v))
-        out: list[CorunLatency | None] = []
-        for i in range(M):
-            pts = sorted(rows.get(i, []))
-            if not pts:
-                out.append(None)
-                continue
-            try:
-                out.append(CorunLatency.table([p[0] for p in pts], [p[1] for p in pts]))
-            except SpecError as e:
-                raise SpecError(f"{flag}, model {i}: {e}") from None
-        return out
+        return _from_csv(text, flag, M, CorunLatency.table)
     doc = parse_json_text(text, flag)
     if isinstance(doc, dict):
         if "corun_latency" not in doc:

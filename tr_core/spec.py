@@ -597,38 +597,41 @@ def _validate(s: SystemSpec) -> None:
                                 "per step")
     if s.model_names is not None and len(s.model_names) != M:
         raise SpecError(f"model_names must have M = {M} entries, got {len(s.model_names)}")
-    if s.latency_curves is not None:
-        if len(s.latency_curves) != M:
-            raise SpecError(f"latency_curves must have M = {M} entries, got {len(s.latency_curves)}")
-        for i, c in enumerate(s.latency_curves):
-            if c is not None and not isinstance(c, LatencyCurve):
-                raise SpecError(f"latency_curves[{i}] must be a LatencyCurve or None")
-            if c is not None:
-                for b in (1, 2, 4, 8, 16, 64, 256, 1024):
-                    lat = c.latency_ms(b)
-                    if lat <= 0:
-                        raise SpecError(f"latency_curves[{i}] gives a non-positive latency at batch size {b}")
-                    if not MIN_MS <= lat <= MAX_MS:
-                        raise SpecError(f"latency_curves[{i}] gives {lat:g} ms at batch size {b}, outside "
-                                        f"[{MIN_MS:g}, {MAX_MS:g}] ms")
-    if s.corun_latency is not None:
-        if len(s.corun_latency) != M:
-            raise SpecError(f"corun_latency must have M = {M} entries (one per model), got {len(s.corun_latency)}")
-        for i, c in enumerate(s.corun_latency):
-            if c is not None and not isinstance(c, CorunLatency):
-                raise SpecError(f"corun_latency[{i}] must be a CorunLatency or None")
-            if c is not None:
-                for b in (1, 2, 4, 8, 16, 64, 256, 1024):
-                    lat = s.corun_latency_ms(i, b)
-                    if not (math.isfinite(lat) and MIN_MS <= lat <= MAX_MS):
-                        raise SpecError(f"corun_latency[{i}] gives {lat:g} ms at batch size {b}, outside "
-                                        f"[{MIN_MS:g}, {MAX_MS:g}] ms")
+    for i, c in _entries(s.latency_curves, "latency_curves", LatencyCurve, M, ""):
+        _check_sampled(f"latency_curves[{i}]", c.latency_ms)
+    for i, c in _entries(s.corun_latency, "corun_latency", CorunLatency, M, " (one per model)"):
+        _check_sampled(f"corun_latency[{i}]", lambda b, i=i: s.corun_latency_ms(i, b))
     if s.max_batch_size is not None:
         if len(s.max_batch_size) != M:
             raise SpecError(f"max_batch_size must have M = {M} entries, got {len(s.max_batch_size)}")
         for i, c in enumerate(s.max_batch_size):
             if c is not None and (int(c) != c or c < 1):
                 raise SpecError(f"max_batch_size[{i}] must be an integer >= 1 or null, got {c!r}")
+
+
+def _entries(items, name: str, cls: type, M: int, per_model: str):
+    """The (index, entry) pairs of an optional per-model list that are not None, after checking its length and
+    the entries' type (lazily: an entry's type is checked just before the caller checks that entry)."""
+    if items is None:
+        return
+    if len(items) != M:
+        raise SpecError(f"{name} must have M = {M} entries{per_model}, got {len(items)}")
+    for i, c in enumerate(items):
+        if c is not None and not isinstance(c, cls):
+            raise SpecError(f"{name}[{i}] must be a {cls.__name__} or None")
+        if c is not None:
+            yield i, c
+
+
+def _check_sampled(where: str, latency_ms) -> None:
+    """A curve's latency at sample batch sizes is within [MIN_MS, MAX_MS].  A co-running latency is a checked
+    solo latency times a factor >= 1, or a table of values > 0, so only a solo curve can be non-positive."""
+    for b in (1, 2, 4, 8, 16, 64, 256, 1024):
+        lat = latency_ms(b)
+        if lat <= 0:
+            raise SpecError(f"{where} gives a non-positive latency at batch size {b}")
+        if not (math.isfinite(lat) and MIN_MS <= lat <= MAX_MS):
+            raise SpecError(f"{where} gives {lat:g} ms at batch size {b}, outside [{MIN_MS:g}, {MAX_MS:g}] ms")
 
 
 def _tuple_matrix(m: Any, name: str) -> tuple[tuple[float, ...], ...]:

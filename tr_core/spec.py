@@ -55,6 +55,7 @@ from tr_core.errors import SpecError
 from tr_core.fileio import atomic_write, read_json
 # the grid rule has one home (tr_core.quanta); its constants stay importable from here
 from tr_core.quanta import GRID_TOL, MAX_QUANTA  # noqa: F401
+from tr_core.units import finite_number
 
 SPEC_SCHEMA_VERSION = 1
 DEFAULT_DELTA_MS = 0.1  # the time quantum when none is given (specs, presets, the CLIs, sensitivity sweeps)
@@ -108,13 +109,8 @@ def _json_number(x: Any, where: str) -> float:
     """A JSON number (not a string, not a boolean), finite as a float."""
     if not _is_number(x):
         raise SpecError(f"{where} must be a number, got {_show(x)}")
-    try:
-        v = float(x)
-    except OverflowError:
-        raise SpecError(f"{where} = {_show(x)} is too large") from None
-    if not math.isfinite(v):
-        raise SpecError(f"{where} must be finite, got {x!r}")
-    return v
+    return finite_number(x, error=SpecError, unreadable=f"{where} = {_show(x)} is too large",  # a huge int
+                         not_finite=f"{where} must be finite, got {x!r}", catch=(OverflowError,))
 
 
 def _json_int(x: Any, where: str) -> int:
@@ -147,13 +143,8 @@ def _depth(x: Any) -> int:
 
 
 def _finite(x: float, what: str) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise SpecError(f"{what} must be a number, got {x!r}") from None
-    if not math.isfinite(v):
-        raise SpecError(f"{what} must be finite, got {x!r}")
-    return v
+    return finite_number(x, error=SpecError, unreadable=f"{what} must be a number, got {x!r}",
+                         not_finite=f"{what} must be finite, got {x!r}")
 
 
 @dataclass(frozen=True)

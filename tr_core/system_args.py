@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from tr_core.cli import add_list_arg, flag_name, given, parse_int_or_word, refuse_given
 from tr_core.errors import SpecError
 from tr_core.spec import DEFAULT_DELTA_MS, PRESETS, SystemSpec, load_spec, preset
+from tr_core.units import finite_number
 
 DEFAULT_DELTA_RTOL = 0.01
 
@@ -122,12 +123,8 @@ def parse_corun_slowdown(values, M: int) -> tuple[float, ...] | None:
         raise SpecError(f"--corun-slowdown needs M = {M} values (one per model), got {len(values)}")
     out = []
     for i, v in enumerate(values):
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise SpecError(f"--corun-slowdown: {v!r} (model {i}) is not a number") from None
-        if not math.isfinite(f):
-            raise SpecError(f"--corun-slowdown: the factor of model {i} must be finite, got {v}")
+        f = finite_number(v, error=SpecError, unreadable=f"--corun-slowdown: {v!r} (model {i}) is not a number",
+                          not_finite=f"--corun-slowdown: the factor of model {i} must be finite, got {v}")
         if f < 1:
             raise SpecError(f"--corun-slowdown: the factor of model {i} must be >= 1 (co-running is not faster "
                             f"than running alone), got {v}")

@@ -25,18 +25,30 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: i
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * int(dtype_bytes)
 
 
+def finite_number(x, *, error: type[Exception], unreadable: str, not_finite: str,
+                  catch: tuple[type[Exception], ...] = (TypeError, ValueError)) -> float:
+    """``float(x)`` when it is finite; else ``error(unreadable)`` when ``float`` raises one of ``catch``, or
+    ``error(not_finite)`` for nan and inf.  The messages are whole: each caller names the value its own way."""
+    import math
+    try:
+        v = float(x)
+    except catch:
+        raise error(unreadable) from None
+    if not math.isfinite(v):
+        raise error(not_finite)
+    return v
+
+
 def positive_number(text: str, *, error: type[Exception], not_a_number: str, not_positive: str) -> float:
     """``float(text)`` when it is a finite number > 0 (a flag's value: ms, requests/s, ...); else ``error``
     with ``not_a_number`` or ``not_positive`` (which name the flag and its unit) followed by
     ``, got 'TEXT'``."""
-    import math
-    try:
-        v = float(text)
-    except ValueError:
-        raise error(f"{not_a_number}, got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise error(f"{not_positive}, got {text!r}")
+    got = f", got {text!r}"
+    v = finite_number(text, error=error, unreadable=not_a_number + got, not_finite=not_positive + got,
+                      catch=(ValueError,))
+    if not v > 0:
+        raise error(not_positive + got)
     return v
 
 
-__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu", "positive_number"]
+__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu", "finite_number", "positive_number"]

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from tr_core.cli import Progress, add_output_args, add_quiet_arg, emit, format_gain, output_format, \
     parse_int_ranges
-from tr_core.units import positive_number
+from tr_core.units import finite_number, positive_number
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
 from shadow_prefill.cluster.policies import APPROACH_NAMES, get_policy
@@ -352,16 +352,8 @@ def _split(values: Sequence[str] | None, flag: str) -> list[str]:
 
 
 def _numbers(values: Sequence[str], flag: str) -> list[float]:
-    out = []
-    for v in values:
-        try:
-            x = float(v)
-        except ValueError:
-            raise ShadowError(f"{flag}: {v!r} is not a number") from None
-        if not math.isfinite(x):
-            raise ShadowError(f"{flag}: {v!r} is not a finite number")
-        out.append(x)
-    return out
+    return [finite_number(v, error=ShadowError, unreadable=f"{flag}: {v!r} is not a number",
+                          not_finite=f"{flag}: {v!r} is not a finite number", catch=(ValueError,)) for v in values]
 
 
 def _sweep_spec(items: Sequence[str]) -> tuple[str, str, list[float]]:

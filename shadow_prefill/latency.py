@@ -100,7 +100,7 @@ def _cfg_int(cfg: Mapping, key: str, where: str, default: Any = None, minimum: i
 
 
 @dataclass(frozen=True)
-class ModelArch:
+class ModelArch(units.KVLayout):
     """The numbers of a decoder-only transformer the roofline needs (from ``config.json``)."""
 
     name: str
@@ -197,20 +197,10 @@ class ModelArch:
     def weight_bytes(self) -> int:
         return self.total_params * self.dtype_bytes
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of every layer and KV head for one token, whole model."""
-        return units.kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.kv_dtype_bytes)
-
-    def kv_heads_per_gpu(self, tp: int) -> int:
-        share = units.kv_heads_per_gpu(self.kv_heads, tp)  # more ranks than heads: a replica each
-        if share is not None:
-            return share
-        raise ShadowError(f"model {self.name!r}: tensor-parallel degree {tp} neither divides nor is a multiple of "
-                          f"its {self.kv_heads} KV heads")
-
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        return units.kv_bytes_per_token(self.layers, self.kv_heads_per_gpu(tp), self.head_dim, self.kv_dtype_bytes)
+    # kv_bytes_per_token, kv_heads_per_gpu(tp), kv_bytes_per_token_per_gpu(tp): units.KVLayout, from these
+    _KV_FIELDS = ("layers", "kv_heads", "head_dim", "kv_dtype_bytes")
+    _KV_REFUSAL = (ShadowError, "model {name!r}: tensor-parallel degree {tp} neither divides nor is a multiple of "
+                                "its {kv_heads} KV heads")
 
     # ----------------------------------------------------------------- construction
     @classmethod

@@ -25,6 +25,38 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: i
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * int(dtype_bytes)
 
 
+class KVLayout:
+    """The KV-cache sizes of a model record, whole and per tensor-parallel rank (the KV plan's footprint and the
+    ShadowPrefill latency model's architecture both are one).  A record names the fields that hold its layers,
+    KV heads, head dim and KV bytes per element in ``_KV_FIELDS``, and in ``_KV_REFUSAL`` the error type and
+    message (``{name}``, ``{tp}``, ``{kv_heads}``) for a degree that neither divides nor is a multiple of its KV
+    heads."""
+
+    __slots__ = ()
+    _KV_FIELDS: tuple[str, str, str, str]
+    _KV_REFUSAL: tuple[type[Exception], str]
+
+    def _kv_dims(self) -> tuple[int, int, int, int]:
+        return tuple(getattr(self, k) for k in self._KV_FIELDS)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer and every KV head, one token, whole model (bytes)."""
+        return kv_bytes_per_token(*self._kv_dims())
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        kv_heads = self._kv_dims()[1]
+        share = kv_heads_per_gpu(kv_heads, tp)  # more ranks than heads: a replica each
+        if share is None:
+            error, message = self._KV_REFUSAL
+            raise error(message.format(name=self.name, tp=tp, kv_heads=kv_heads))
+        return share
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
+        layers, _, head_dim, nbytes = self._kv_dims()
+        return kv_bytes_per_token(layers, self.kv_heads_per_gpu(tp), head_dim, nbytes)
+
+
 def finite_number(x, *, error: type[Exception], unreadable: str, not_finite: str,
                   catch: tuple[type[Exception], ...] = (TypeError, ValueError)) -> float:
     """``float(x)`` when it is finite; else ``error(unreadable)`` when ``float`` raises one of ``catch``, or
@@ -51,4 +83,4 @@ def positive_number(text: str, *, error: type[Exception], not_a_number: str, not
     return v
 
 
-__all__ = ["DTYPE_BYTES", "GIB", "kv_bytes_per_token", "kv_heads_per_gpu", "finite_number", "positive_number"]
+__all__ = ["DTYPE_BYTES", "GIB", "KVLayout", "kv_bytes_per_token", "kv_heads_per_gpu", "finite_number", "positive_number"]

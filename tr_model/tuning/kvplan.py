@@ -155,7 +155,7 @@ def _dtype_bytes(name: Any, where: str) -> int:
 
 
 @dataclass(frozen=True)
-class ModelFootprint:
+class ModelFootprint(units.KVLayout):
     """Memory footprint of one model, derived from its ``config.json``."""
 
     name: str
@@ -172,20 +172,10 @@ class ModelFootprint:
     weight_source: str
     config_path: str | None = None
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of every layer and every KV head, one token, whole model (bytes)."""
-        return units.kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype_bytes)
-
-    def kv_heads_per_gpu(self, tp: int) -> int:
-        share = units.kv_heads_per_gpu(self.num_kv_heads, tp)  # more ranks than heads: a replica each
-        if share is not None:
-            return share
-        raise SpecError(f"model {self.name!r}: tensor_parallel = {tp} neither divides nor is a multiple of "
-                        f"num_key_value_heads = {self.num_kv_heads}")
-
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> int:
-        return units.kv_bytes_per_token(self.num_layers, self.kv_heads_per_gpu(tp), self.head_dim, self.kv_dtype_bytes)
+    # kv_bytes_per_token, kv_heads_per_gpu(tp), kv_bytes_per_token_per_gpu(tp): units.KVLayout, from these
+    _KV_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "kv_dtype_bytes")
+    _KV_REFUSAL = (SpecError, "model {name!r}: tensor_parallel = {tp} neither divides nor is a multiple of "
+                              "num_key_value_heads = {kv_heads}")
 
     def weight_bytes_per_gpu(self, tp: int) -> int:
         rep = self.replicated_parameters * self.dtype_bytes

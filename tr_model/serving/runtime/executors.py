@@ -9,11 +9,18 @@ id of every request in the batch (or ``None`` when no real tokens exist).
   plus, with ``extend_ms_per_token(model, b)``, the catch-up cost of the
   tokens the model has not seen (the law of ``simulator.simulate``'s
   ``extend_ms_per_token``, so that the two can be checked against each
-  other), and, with ``corun_slowdown``, stretched while other models run
-  (model i progresses at rate ``1 / prod_k f_ik`` over the running models k,
-  the simulator's rate-sharing law), or, with ``corun_latency_ms``, by the chain's *launch law*: a batch
-  launched while another model runs (after this instant's completions) or launches at the same instant
-  lasts ``corun_latency_ms(model, b)`` instead of ``L_i(b)``, fixed at its launch.
+  other).  Co-running, one of two distinct laws (docs/engine.md, "The two co-running laws"):
+
+  - ``corun_latency_ms``: the chain's *launch law*: a batch launched while another model runs (after this
+    instant's completions) or launches at the same instant lasts ``corun_latency_ms(model, b)`` instead of
+    ``L_i(b)``, fixed at its launch.  The tie rule is not restated here: the executor counts the models
+    running and launching at the instant and asks ``dtmc._kernels.corun_at_launch``, the one rule every
+    kernel calls (its Python body, imported when the executor is made: no numba compilation in the event
+    loop, and no numba import for an executor without this law);
+  - ``corun_slowdown`` (an ``M x M`` matrix): the *rate-sharing law* of ``simulator.simulate``
+    (``corun_law="rate-sharing"``), which is not a launch law: a running step is stretched while other
+    models run, model i progressing at rate ``1 / prod_k f_ik`` over the running models k
+    (:func:`rate_sharing_slowdown`, the one place the executor states it).
   ``step_end(model)`` gives the loop time at which the model's running step ends (a state-dependent
   launch policy reads the others' residual times from it).  It sleeps until an absolute deadline so that event-loop lag does not accumulate
   inside a step, and records how far each wake-up overshot the deadline: with
@@ -32,7 +39,26 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence
 
-__all__ = ["StepExecutor", "EmulatedExecutor", "torch_executor"]
+__all__ = ["StepExecutor", "EmulatedExecutor", "rate_sharing_slowdown", "torch_executor"]
+
+
+def rate_sharing_slowdown(corun: Sequence[Sequence[float]], model: int, running) -> float:
+    """The *rate-sharing law* (not the launch law): while the models in ``running`` run, ``model`` progresses
+    at rate ``1 / f``, ``f = prod corun[model][k]`` over the running ``k != model`` (the law of
+    ``simulator.simulate(corun_law="rate-sharing")``; the set changes only when a step starts or ends)."""
+    f = 1.0
+    for k in running:
+        if k != model:
+            f *= corun[model][k]
+    return f
+
+
+def _launch_law_rule():
+    """The launch law's tie rule, ``corun_at_launch(corun, running, launching)`` of ``dtmc._kernels`` (the one
+    copy the chain, the decision processes, the mean field and the simulator compile): its Python body, so
+    that deciding a step's duration never compiles inside the event loop."""
+    from dtmc._kernels import corun_at_launch
+    return getattr(corun_at_launch, "py_func", corun_at_launch)   # a plain function under NUMBA_DISABLE_JIT
 
 
 class StepExecutor:
@@ -64,6 +90,7 @@ class EmulatedExecutor(StepExecutor):
             raise ValueError("corun_slowdown (rate-sharing law) and corun_latency_ms (launch law) are two laws "
                              "of co-running; give one")
         self.corun_latency_ms = corun_latency_ms
+        self._corun_at_launch = _launch_law_rule() if corun_latency_ms is not None else None
         self._law: dict[int, dict] = {}      # launch law: model -> its running step
         self._ends: dict[int, float] = {}    # solo steps: model -> deadline
         self.latency_ms = latency_ms
@@ -95,7 +122,7 @@ class EmulatedExecutor(StepExecutor):
             co = self.corun_latency_ms(model, len(batch)) * self.time_scale / 1000.0 + (nominal - base_s)
             late = await self._launch_law_step(loop, model, nominal, co)
         elif self.corun is not None:
-            late = await self._shared_step(loop, model, nominal)
+            late = await self._rate_sharing_step(loop, model, nominal)
         else:
             deadline = loop.time() + nominal
             self._ends[model] = deadline
@@ -129,15 +156,22 @@ class EmulatedExecutor(StepExecutor):
 
     # ---- co-running, launch law: the duration is fixed at launch by whether another model runs ------------
     async def _launch_law_step(self, loop: Any, model: int, solo_s: float, co_s: float) -> float:
+        """One step under the launch law.  The models of this instant's launch pass are those whose step
+        started at this instant (this one included); the running ones are the others whose step ends after it
+        (a step ending now is over).  ``corun_at_launch(True, running, launching)`` gives the pass's answer;
+        the launches of one instant arrive one at a time, so every earlier launch of the pass is given the
+        answer as the pass now stands (a solo launch joined at the same instant runs co-located)."""
         now = loop.time()
         eps = 1e-9 + 1e-12 * abs(now)
-        beside = any(k != model and (e["end"] > now + eps or abs(e["start"] - now) <= eps)
-                     for k, e in self._law.items())
+        pass_ = {k: e for k, e in self._law.items() if k != model and abs(e["start"] - now) <= eps}
+        running = sum(1 for k, e in self._law.items() if k != model and k not in pass_ and e["end"] > now + eps)
+        co = bool(self._corun_at_launch(True, running, len(pass_) + 1))
         fut = loop.create_future()
-        entry = {"start": now, "end": now + (co_s if beside else solo_s), "co_s": co_s, "co": beside, "fut": fut}
-        for k, e in self._law.items():  # a launch of this same instant that went solo runs beside this one
-            if k != model and abs(e["start"] - now) <= eps and not e["co"]:
-                e["co"], e["end"] = True, e["start"] + e["co_s"]
+        entry = {"start": now, "end": now + (co_s if co else solo_s), "solo_s": solo_s, "co_s": co_s, "co": co,
+                 "fut": fut}
+        for k, e in pass_.items():
+            if e["co"] != co:
+                e["co"], e["end"] = co, e["start"] + (e["co_s"] if co else e["solo_s"])
                 e["handle"].cancel()
                 e["handle"] = loop.call_at(e["end"], self._law_done, k, e)
         entry["handle"] = loop.call_at(entry["end"], self._law_done, model, entry)
@@ -156,7 +190,7 @@ class EmulatedExecutor(StepExecutor):
         if not entry["fut"].done():
             entry["fut"].set_result(None)
 
-    # ---- co-running: models share the device and progress at rate 1 / prod_k corun[i][k] ----------------------
+    # ---- co-running, rate-sharing law: running models progress at rate 1 / rate_sharing_slowdown -------------
     def _advance(self, now: float) -> None:
         for e in self._running.values():
             e["rem"] -= (now - e["t"]) / e["f"]
@@ -165,11 +199,7 @@ class EmulatedExecutor(StepExecutor):
     def _reschedule(self, loop: Any) -> None:
         now = loop.time()
         for i, e in self._running.items():
-            f = 1.0
-            for k in self._running:
-                if k != i:
-                    f *= self.corun[i][k]
-            e["f"] = f
+            e["f"] = f = rate_sharing_slowdown(self.corun, i, self._running)
             if e["handle"] is not None:
                 e["handle"].cancel()
             e["handle"] = loop.call_at(now + max(0.0, e["rem"]) * f, self._complete, loop, i)
@@ -182,9 +212,10 @@ class EmulatedExecutor(StepExecutor):
             e["fut"].set_result(None)
         self._reschedule(loop)
 
-    async def _shared_step(self, loop: Any, model: int, nominal_s: float) -> float:
-        """A step of ``nominal_s`` seconds of solo work; the set of running models (it changes only when a step
-        starts or ends) sets every running step's rate, as in ``simulator.simulate``'s ``corun_slowdown``."""
+    async def _rate_sharing_step(self, loop: Any, model: int, nominal_s: float) -> float:
+        """A step of ``nominal_s`` seconds of solo work under the rate-sharing law; the set of running models
+        (it changes only when a step starts or ends) sets every running step's rate
+        (:func:`rate_sharing_slowdown`), as in ``simulator.simulate``'s ``corun_slowdown``."""
         self._advance(loop.time())
         fut = loop.create_future()
         entry = {"rem": nominal_s, "t": loop.time(), "f": 1.0, "fut": fut, "handle": None}

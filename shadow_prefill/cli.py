@@ -9,8 +9,9 @@ Subcommands::
     tr-shadow simulate  one approach on a simulated cluster     (shadow_prefill.cluster.cli)
     tr-shadow compare   approaches against No Shadow             (shadow_prefill.cluster.cli)
 
-Every subcommand is a function ``cmd_<name>(args) -> int`` registered with its
-argument builder; the workload options they share live in
+Every subcommand is a function ``cmd_<name>(args) -> int`` registered in
+:data:`SUBCOMMANDS` with its help, description and argument builder; the
+workload options they share live in
 :mod:`shadow_prefill.workload_args`.  The parser and the error contract are the
 project's (:mod:`tr_core.cli`, ``docs/cli-convention.md``): bad input, argparse's
 own errors included, is one ``error: ...`` line on stderr and exit 2; Ctrl-C is
@@ -21,22 +22,21 @@ into FILE instead, atomically.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tr_core.cli import Parser, add_output_args, add_quiet_arg, add_version, check_out_path, emit, note, \
-    output_format, refuse_given, require_subcommand, run_cli
+from tr_core.cli import Parser, add_output_args, add_quiet_arg, add_version, check_out_path, note, refuse_given, \
+    require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
 from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import build_roofline, fit_linear_model, load_gpu, load_model_arch, read_profile_points
 from shadow_prefill.stats import DEFAULT_CACHE_CAPACITY, STATS_COLUMNS, ReplayParams, compute_switch_tax, flatten_stats
 from shadow_prefill.trace_io import atomic_write, format_session_trace, write_session_trace
-from shadow_prefill.workload_args import add_workload_args, csv_text, dumps_document, int_value, latency_models, \
-    name_values, nonneg_int, number, positive_int, text_table, workload_from_args
+from shadow_prefill.workload_args import add_subcommands, add_workload_args, dumps_document, emit_result, int_value, \
+    latency_models, name_values, nonneg_int, number, positive_int, text_table, workload_from_args
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
@@ -63,10 +63,6 @@ def render_table(rows: list[dict], columns: Sequence[tuple[str, str, str]]) -> s
     return text_table(cells, left=2)
 
 
-def render_csv(rows: list[dict]) -> str:
-    return csv_text([flatten_stats(r) for r in rows])
-
-
 _dumps = dumps_document
 
 
@@ -76,12 +72,7 @@ _dumps = dumps_document
 _STATS_COLUMNS = [(k, lab, "{:.3f}x" if fmt.endswith("x") else fmt) for k, lab, fmt in STATS_COLUMNS]
 
 
-def _stats_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("stats", help="switch-tax statistics per model pair (Table 1 / Figure 2)",
-                       description="Switch-tax statistics of a routed session workload: switch share, switches per "
-                                   "session, prompt at switch calls, token-weighted prefix hit rates (unbounded and "
-                                   "capacity-limited cache), routed token cost, and optionally isolated call "
-                                   "latencies. One row per model pair (every pair of a matrix by default).")
+def _stats_args(p: argparse.ArgumentParser) -> None:
     add_workload_args(p, multi=True)
     c = p.add_argument_group("cache and cost")
     c.add_argument("--cache-capacity", action="append", metavar="TOKENS|MODEL=TOKENS",
@@ -107,11 +98,9 @@ def _stats_parser(sub) -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     add_output_args(p, group=out)
     add_quiet_arg(out)
-    return p
 
 
 def cmd_stats(args) -> int:
-    fmt = output_format(args)
     if not args.latency:
         refuse_given(args, ["gpu", "model_config", "tp", "chunk"], "applies with --latency (the isolated call "
                      "latencies), which is not given")
@@ -148,28 +137,18 @@ def cmd_stats(args) -> int:
                        "session_rate": args.session_rate, "replay_tpot_s": args.replay_tpot,
                        "latency": bool(args.latency), "gpu": args.gpu if args.latency else None},
            "results": results}
-    if fmt == "json":
-        text = _dumps(doc)
-    elif fmt == "csv":
-        text = render_csv(results)
-    else:
-        text = render_table(results, _STATS_COLUMNS)
-    emit(text, args.out)
+    emit_result(args, lambda: doc, lambda: [flatten_stats(r) for r in results],
+                lambda: render_table(results, _STATS_COLUMNS))
     return 0
 
 
 # ============================================================================ sessions
 
-def _sessions_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("sessions", help="write a workload as a session trace (JSONL)",
-                       description="Build a workload (a matrix routed over one model pair, or a synthetic one) and "
-                                   "write it as a session trace (JSONL) on stdout or into --out; or check and "
-                                   "normalise an existing trace.")
+def _sessions_args(p: argparse.ArgumentParser) -> None:
     add_workload_args(p, multi=False)
     p.add_argument("--out", metavar="FILE", help="write the trace to FILE instead of stdout (atomically: a temporary "
                                                  "name, then a rename; only a regular file)")
     add_quiet_arg(p)
-    return p
 
 
 def cmd_sessions(args) -> int:
@@ -190,12 +169,7 @@ def cmd_sessions(args) -> int:
 
 # ============================================================================ latency
 
-def _latency_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("latency", help="latency figures of one model instance (roofline or fitted)",
-                       description="Isolated prefill, batch-1 decode, the paper's SLOs (TTFT <= max(1 s, 5x isolated "
-                                   "prefill), TPOT <= max(25 ms, 5x batch-1 decode)), KV bytes per token and capacity, "
-                                   "from the analytic roofline of a config.json on a GPU, or fitted to measured "
-                                   "profiles.")
+def _latency_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", metavar="NAME|CONFIG", help="a built-in architecture or a config.json (or its folder)")
     g.add_argument("--profile", action="append", metavar="FILE",
@@ -208,11 +182,9 @@ def _latency_parser(sub) -> argparse.ArgumentParser:
     add_output_args(p)
     p.add_argument("--save-model", metavar="FILE", help="also save the latency model (JSON) for --model-config")
     add_quiet_arg(p)
-    return p
 
 
 def cmd_latency(args) -> int:
-    fmt = output_format(args)
     if args.profile:
         refuse_given(args, ["gpu"], "applies to --model (the roofline on a GPU); --profile fits measured points")
     save = check_out_path(args.save_model, "--save-model") if args.save_model else None
@@ -229,12 +201,12 @@ def cmd_latency(args) -> int:
     d = lm.describe(prompt=args.prompt, context=args.context, chunk=args.chunk)
     if save:
         atomic_write(save, lambda f: f.write(_dumps(lm.to_dict())))
-    if fmt == "json":
-        emit(_dumps({"schema_version": 1, "kind": "latency_figures", **d}), args.out)
-        return 0
-    if fmt == "csv":
-        emit(render_csv([d]), args.out)
-        return 0
+    emit_result(args, lambda: {"schema_version": 1, "kind": "latency_figures", **d}, lambda: [flatten_stats(d)],
+                lambda: _latency_table(args, d))
+    return 0
+
+
+def _latency_table(args, d: dict) -> str:
     rows = [("model", d["name"]), ("kind", d["kind"]), ("tensor parallel", d["tp"])]
     if "gpu" in d:
         rows.append(("GPU", d["gpu"]))
@@ -253,16 +225,26 @@ def cmd_latency(args) -> int:
         rows += [("fit points", d["fit"]["points"]), ("fit R^2", f"{d['fit']['r2']:.4f}"),
                  ("fit max relative error", f"{d['fit']['max_rel_error']:.2%}")]
     w = max(len(k) for k, _ in rows)
-    emit("".join(f"{k.ljust(w)}  {v}\n" for k, v in rows), args.out)
-    return 0
+    return "".join(f"{k.ljust(w)}  {v}\n" for k, v in rows)
 
 
 # ============================================================================ main
 
-SUBCOMMANDS: dict[str, tuple[Callable, Callable]] = {
-    "stats": (_stats_parser, cmd_stats),
-    "sessions": (_sessions_parser, cmd_sessions),
-    "latency": (_latency_parser, cmd_latency),
+# name -> (help, description, argument builder, handler); simulate and compare: shadow_prefill.cluster.cli
+SUBCOMMANDS: dict[str, tuple[str, str, Callable, Callable]] = {
+    "stats": ("switch-tax statistics per model pair (Table 1 / Figure 2)",
+              "Switch-tax statistics of a routed session workload: switch share, switches per session, prompt at "
+              "switch calls, token-weighted prefix hit rates (unbounded and capacity-limited cache), routed token "
+              "cost, and optionally isolated call latencies. One row per model pair (every pair of a matrix by "
+              "default).", _stats_args, cmd_stats),
+    "sessions": ("write a workload as a session trace (JSONL)",
+                 "Build a workload (a matrix routed over one model pair, or a synthetic one) and write it as a "
+                 "session trace (JSONL) on stdout or into --out; or check and normalise an existing trace.",
+                 _sessions_args, cmd_sessions),
+    "latency": ("latency figures of one model instance (roofline or fitted)",
+                "Isolated prefill, batch-1 decode, the paper's SLOs (TTFT <= max(1 s, 5x isolated prefill), TPOT <= "
+                "max(25 ms, 5x batch-1 decode)), KV bytes per token and capacity, from the analytic roofline of a "
+                "config.json on a GPU, or fitted to measured profiles.", _latency_args, cmd_latency),
 }
 
 
@@ -273,8 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "models and ShadowPrefill's shadow budget.")
     add_version(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (builder, func) in SUBCOMMANDS.items():
-        builder(sub).set_defaults(func=func)
+    add_subcommands(sub, SUBCOMMANDS)
     register(sub)
     return p
 

@@ -31,8 +31,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
-from tr_core.cli import Progress, add_output_args, add_quiet_arg, emit, format_gain, output_format, \
-    parse_int_ranges
+from tr_core.cli import Progress, add_output_args, add_quiet_arg, format_gain, parse_int_ranges
 from tr_core.units import finite_number, positive_number
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
@@ -41,7 +40,7 @@ from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, si
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
 from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, SESSION_DRAWS, read_azure_trace, synthetic_request_sizes
 from shadow_prefill.errors import ShadowError, ShadowResourceLimit
-from shadow_prefill.workload_args import add_workload_args, clean, csv_text, dumps_document, int_at_least, \
+from shadow_prefill.workload_args import add_subcommands, add_workload_args, clean, emit_result, int_at_least, \
     latency_models, name_values, number, synthetic_params, text_table, workload_from_args
 
 __all__ = ["register", "cmd_simulate", "cmd_compare", "SWEEP_FLAGS"]
@@ -241,23 +240,16 @@ _SIM_COLS = (("approach", "approach", "{}"), ("calls", "calls", "{:d}"), ("unfin
              ("energy_per_good_request_j", "J/good req", "{:.1f}"), ("sim_s_per_wall_s", "sim s/wall s", "x"))
 
 
-def _simulate_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("simulate", help="simulate one approach on a cluster (ShadowPrefill, Table 2)",
-                       description="Simulate a routed session workload and Poisson normal traffic on K instances "
-                                   "per model under one approach of ShadowPrefill's Table 2, and print its absolute "
-                                   "metrics (latencies in seconds, hit rates as fractions, energy in joules). A run "
-                                   "that leaves measured calls unfinished is flagged as overloaded.")
+def _simulate_args(p: argparse.ArgumentParser) -> None:
     _add_cluster_args(p)
     p.add_argument("--approach", default="Harvest-SLO+Host",
                    help=f"one of: {', '.join(APPROACH_NAMES)} (default Harvest-SLO+Host)")
     p.add_argument("--window", default="peak", help="peak, median, trough or a load multiplier (default peak)")
     p.add_argument("--sim-seed", type=int_at_least(0, 2 ** 63 - 1), default=0,
                    help="seed of arrivals and session starts (default 0)")
-    return p
 
 
 def cmd_simulate(args) -> int:
-    fmt = output_format(args)
     policy = get_policy(args.approach)
     window = _window(args.window)
     ss, config, sizes, cap = _setup(args)
@@ -271,16 +263,11 @@ def cmd_simulate(args) -> int:
     s = clean(run.summary())
     s["measured_calls"] = s["calls"] + s["unfinished_calls"]
     s["overloaded"] = _warn_overloaded([s], args.drain)
-    if fmt == "json":
-        doc = {"schema_version": 1, "kind": "shadow_cluster_run", "tool": "tr-shadow simulate",
-               "scenario": vars(sc), "config": run.config, "capacity_rps": list(run.capacity_rps),
-               "workload": ss.summary(), "traffic": sizes.describe(), "overloaded": s["overloaded"], "summary": s}
-        text = dumps_document(doc)
-    elif fmt == "csv":
-        text = csv_text([s])
-    else:
-        text = _table([s], _SIM_COLS)
-    emit(text, args.out)
+    emit_result(args, lambda: {"schema_version": 1, "kind": "shadow_cluster_run", "tool": "tr-shadow simulate",
+                               "scenario": vars(sc), "config": run.config, "capacity_rps": list(run.capacity_rps),
+                               "workload": ss.summary(), "traffic": sizes.describe(), "overloaded": s["overloaded"],
+                               "summary": s},
+                lambda: [s], lambda: _table([s], _SIM_COLS))
     return 0
 
 
@@ -295,14 +282,7 @@ _CMP_COLS = (("approach", "approach", "{}"), ("calls", "calls", "{:d}"), ("unfin
                  ("energy_per_good_request_change_pct", "energy +%")))
 
 
-def _compare_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("compare", help="compare approaches against No Shadow (mean +- 1 SE over seeds x windows)",
-                       description="Run approaches of ShadowPrefill's Table 2 on the same seeds and windows and "
-                                   "report each against No Shadow over the calls that complete under every "
-                                   "approach (calls; unfinished calls mark an overloaded run, with a warning): "
-                                   "reductions in %, hit rates in %, SLO changes in percentage points, "
-                                   "+-1 standard error over seeds x windows (the _se columns). With --sweep, one "
-                                   "block per value of a parameter.")
+def _compare_args(p: argparse.ArgumentParser) -> None:
     _add_cluster_args(p)
     p.add_argument("--approaches", nargs="+", metavar="APPROACH",
                    help="approaches to run (default: all ten; with --sweep: Harvest-SLO, Harvest-SLO+Host, "
@@ -320,7 +300,6 @@ def _compare_parser(sub) -> argparse.ArgumentParser:
                    help="also report switch-call latency reduction per prompt-length bin (increasing token edges)")
     p.add_argument("--workers", default="1", metavar="K|auto", help="local worker processes (default 1)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on an existing Dask scheduler (tcp://host:8786)")
-    return p
 
 
 def _workers(v: str) -> int:
@@ -397,7 +376,6 @@ def _refuse_compare_dropped(args, sweep_spec) -> None:
 
 
 def cmd_compare(args) -> int:
-    fmt = output_format(args)
     windows = [_window(w) for w in _split(args.windows, "--windows")]
     seeds = list(parse_int_ranges(args.sim_seeds, "--sim-seeds", lo=0, hi=2 ** 63 - 1))
     if not windows:
@@ -466,13 +444,7 @@ def cmd_compare(args) -> int:
             client.close()
     doc["overloaded"] = _warn_overloaded(rows, args.drain)
     doc["results"] = rows
-    if fmt == "json":
-        text = dumps_document(doc)
-    elif fmt == "csv":
-        text = csv_text(rows)
-    else:
-        text = _table(rows, cols)
-    emit(text, args.out)
+    emit_result(args, lambda: doc, lambda: rows, lambda: _table(rows, cols))
     return 0
 
 
@@ -493,7 +465,22 @@ def _sweep_models(args, values, config, seeds, windows, sc, sizes, workers, clie
     return df
 
 
+# name -> (help, description, argument builder, handler), as shadow_prefill.cli.SUBCOMMANDS
+SUBCOMMANDS = {
+    "simulate": ("simulate one approach on a cluster (ShadowPrefill, Table 2)",
+                 "Simulate a routed session workload and Poisson normal traffic on K instances per model under one "
+                 "approach of ShadowPrefill's Table 2, and print its absolute metrics (latencies in seconds, hit rates "
+                 "as fractions, energy in joules). A run that leaves measured calls unfinished is flagged as "
+                 "overloaded.", _simulate_args, cmd_simulate),
+    "compare": ("compare approaches against No Shadow (mean +- 1 SE over seeds x windows)",
+                "Run approaches of ShadowPrefill's Table 2 on the same seeds and windows and report each against No "
+                "Shadow over the calls that complete under every approach (calls; unfinished calls mark an overloaded "
+                "run, with a warning): reductions in %, hit rates in %, SLO changes in percentage points, +-1 "
+                "standard error over seeds x windows (the _se columns). With --sweep, one block per value of a "
+                "parameter.", _compare_args, cmd_compare),
+}
+
+
 def register(subparsers) -> None:
     """Add ``simulate`` and ``compare`` to ``tr-shadow``'s subparsers."""
-    _simulate_parser(subparsers).set_defaults(func=cmd_simulate)
-    _compare_parser(subparsers).set_defaults(func=cmd_compare)
+    add_subcommands(subparsers, SUBCOMMANDS)

@@ -617,6 +617,12 @@ I_SIZE = 6
 
 
 @nb.njit(cache=True, inline="always")
+def _cache_arrays(kv):
+    """The cache arrays that admission, shadow work and the end of an iteration all update."""
+    return kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree, kv.sm_hbm, kv.sm_host
+
+
+@nb.njit(cache=True, inline="always")
 def _issue_call(kn, cl, ca, st, c, now):
     """Call ``c`` is issued: start its session, cut rewritten histories, route it, queue it, wake shadow targets."""
     M, I, C, Nn, RE, SM = kn.M, kn.I, kn.C, kn.Nn, kn.RE, kn.SM
@@ -828,9 +834,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
     r_hist, r_hit, r_done, r_res, r_pend = rq.r_hist, rq.r_hit, rq.r_done, rq.r_res, rq.r_pend
     r_arr, r_ready, r_ttft = rq.r_arr, rq.r_ready, rq.r_ttft
     s_active, s_target, sticky, sm_eager = st.sess.s_active, st.sess.s_target, st.sess.sticky, st.sess.sm_eager
-    kv = st.kv
-    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
-    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    ent, last, lists, used, free_stack, nfree, sm_hbm, sm_host = _cache_arrays(st.kv)
     c_int, c_out, gstats = st.acc.c_int, st.acc.c_out, st.acc.gstats
     nrun = iti[I_NRUN]
     budget = iti[I_BUDGET]
@@ -909,7 +913,7 @@ def _admit(kn, cl, ca, st, i, now, m, lm, cold_cutoff):
         if eh >= 0:
             _unlink(ent, lists, eh)  # pin the host copy too (spills could push it out)
             used[i, 1 + L_HOST] -= ent[E_TOK, eh]
-        ok = _make_room(kv, i, need - resident, host, gstats, cold_cutoff, now, reclaim_t)
+        ok = _make_room(st.kv, i, need - resident, host, gstats, cold_cutoff, now, reclaim_t)
         if not ok:
             if e >= 0:
                 ent[E_TOK, e] = resident
@@ -999,8 +1003,7 @@ def _shadow_chunks(kn, cl, ca, st, i, now, m, lm, base_t, cap_t):
     jobs, n_jobs, s_active, s_cur, s_target = st.sess.jobs, st.sess.n_jobs, st.sess.s_active, st.sess.s_cur, \
         st.sess.s_target
     kv = st.kv
-    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
-    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    ent, last, lists, used, free_stack, nfree, sm_hbm, sm_host = _cache_arrays(kv)
     itf, iti, gstats = st.scr.itf, st.scr.iti, st.acc.gstats
     nd = iti[I_ND]
     npf = iti[I_NPF]
@@ -1202,8 +1205,7 @@ def _finish_iteration(kn, ca, st, i, now, t_end, m, nrun):
     sm_eager, ded_of, jobs, n_jobs, job_pos = ss_.sm_eager, ss_.ded_of, ss_.jobs, ss_.n_jobs, ss_.job_pos
     ht, hv = ss_.ht, ss_.hv
     kv = st.kv
-    ent, last, lists, used, free_stack, nfree = kv.ent, kv.last, kv.lists, kv.used, kv.free_stack, kv.nfree
-    sm_hbm, sm_host = kv.sm_hbm, kv.sm_host
+    ent, last, lists, used, free_stack, nfree, sm_hbm, sm_host = _cache_arrays(kv)
     c_out, n_out = st.acc.c_out, st.acc.n_out
     cnt = st.cnt
     n_eager = cnt[N_EAGER]

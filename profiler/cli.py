@@ -21,9 +21,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, check_number,
-                         check_out_path, emit, format_table, note, output_format, parse_int_ranges, refuse_given,
-                         require_subcommand, run_cli, to_csv)
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, add_window_args,
+                         check_number, check_out_path, emit, format_table, note, output_format, parse_int_ranges,
+                         refuse_given, require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 from tr_core.units import positive_number
 
@@ -956,10 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "accepted)")
     q.add_argument("--N", nargs="+", required=True, metavar="N", help="concurrencies to measure (requests in "
                    "flight), values or ranges, e.g. --N 1 2 4 8 16")
-    q.add_argument("--duration-s", type=float, default=60.0, metavar="S", help="measured window per N, wall-clock "
-                   "seconds (default 60)")
-    q.add_argument("--warmup-s", type=float, default=10.0, metavar="S", help="warm-up per N before the window, "
-                   "wall-clock seconds (default 10)")
+    add_window_args(q, duration_s=60.0, warmup_s=10.0, per=" per N")
     q.add_argument("--endpoint", choices=("chat", "completions"), default="chat", help="POST /v1/chat/completions "
                    "(default) or /v1/completions")
     q.add_argument("--model", help="model name sent with each request (default: the first of the server's "

@@ -27,15 +27,15 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tr_core.cli import Parser, add_output_args, add_quiet_arg, add_version, check_out_path, note, refuse_given, \
-    require_subcommand, run_cli
+from tr_core.cli import Parser, add_output_args, add_quiet_arg, add_subcommands, add_version, check_out_path, note, \
+    refuse_given, require_subcommand, run_cli
 from tr_core.version import __version__ as VERSION
 
 from shadow_prefill.errors import ShadowError
 from shadow_prefill.latency import build_roofline, fit_linear_model, load_gpu, load_model_arch, read_profile_points
 from shadow_prefill.stats import DEFAULT_CACHE_CAPACITY, STATS_COLUMNS, ReplayParams, compute_switch_tax, flatten_stats
 from shadow_prefill.trace_io import atomic_write, format_session_trace, write_session_trace
-from shadow_prefill.workload_args import add_subcommands, add_workload_args, dumps_document, emit_result, int_value, \
+from shadow_prefill.workload_args import add_workload_args, dumps_document, emit_result, int_value, \
     latency_models, name_values, nonneg_int, number, positive_int, text_table, workload_from_args
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]

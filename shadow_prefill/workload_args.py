@@ -28,7 +28,7 @@ from shadow_prefill.errors import ShadowError
 from shadow_prefill.sessions import SessionSet
 
 __all__ = ["int_at_least", "positive_int", "nonneg_int", "number", "name_values", "int_value", "add_workload_args", "loop_params", "synthetic_params", "workload_from_args",
-           "latency_models", "emit_result", "add_subcommands"]
+           "latency_models", "emit_result"]
 
 # The largest count a flag may give (sessions, tokens, instances...): far above any real use, small enough that
 # sizes computed from it (arrays, products of two counts) stay inside int64.
@@ -355,15 +355,6 @@ def emit_result(args, doc: Callable[[], Any], rows: Callable[[], Sequence[dict]]
     from tr_core.cli import emit, output_format
     fmt = output_format(args)
     emit(dumps_document(doc()) if fmt == "json" else csv_text(rows()) if fmt == "csv" else table(), args.out)
-
-
-def add_subcommands(sub, table: dict[str, tuple[str, str, Callable, Callable]]) -> None:
-    """Add every ``name: (help, description, add_arguments, handler)`` of ``table`` to ``sub`` (the subparsers of
-    ``tr-shadow``); the handler becomes the parsed arguments' ``func``."""
-    for name, (help_, description, add_arguments, handler) in table.items():
-        p = sub.add_parser(name, help=help_, description=description)
-        add_arguments(p)
-        p.set_defaults(func=handler)
 
 
 def text_table(cells: Sequence[Sequence[str]], left: int = 1) -> str:

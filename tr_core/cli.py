@@ -567,12 +567,36 @@ def require_subcommand(parser: argparse.ArgumentParser, args: argparse.Namespace
     return command
 
 
+def add_subcommands(sub, table) -> dict:
+    """Add every subcommand of ``table`` to the subparsers ``sub``: ``name: (help, description, add_arguments)``,
+    or ``(help, description, add_arguments, handler)``, whose handler becomes the parsed arguments' ``func``.
+    A command's subcommands in one table: their one-line helps side by side, and every parser made one way.
+    Returns the parsers by name."""
+    parsers = {}
+    for name, (help_, description, add_arguments, *handler) in table.items():
+        p = parsers[name] = sub.add_parser(name, help=help_, description=description)
+        add_arguments(p)
+        if handler:
+            p.set_defaults(func=handler[0])
+    return parsers
+
+
 QUIET_HELP = "no progress bar and no notes on stderr (warnings, errors and the results still appear)"
 
 
 def add_quiet_arg(group) -> None:
     """``--quiet``, with the one meaning it has in every command (docs/cli-convention.md)."""
     group.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+
+
+def add_window_args(group, duration_s: float, warmup_s: float, per: str = "") -> None:
+    """``--duration-s`` and ``--warmup-s`` of a closed-loop measurement (``tr-autotune measure``, ``tr-profile
+    serve-bench``): the measured window and the warm-up before it, wall-clock seconds; ``per`` (``" per N"``)
+    when every concurrency gets a window of its own."""
+    group.add_argument("--duration-s", type=float, default=duration_s, metavar="S",
+                       help=f"measured window{per}, wall-clock seconds (default {duration_s:g})")
+    group.add_argument("--warmup-s", type=float, default=warmup_s, metavar="S",
+                       help=f"warm-up{per} before the window, wall-clock seconds (default {warmup_s:g})")
 
 
 def add_output_args(parser, formats: Sequence[str] = FORMATS, *, default: str = "table", group=None) -> None:

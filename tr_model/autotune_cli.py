@@ -24,9 +24,9 @@ import json
 import math
 import sys
 
-from tr_core.cli import (Parser, add_list_arg, check_number, add_output_args, add_quiet_arg, add_version, emit,
-                         fields_as_flags, flag_name, format_gain, format_table, note, output_format, refuse_given,
-                         require_subcommand, run_cli, to_csv)
+from tr_core.cli import (Parser, add_list_arg, check_number, add_output_args, add_quiet_arg, add_subcommands,
+                         add_version, add_window_args, emit, fields_as_flags, flag_name, format_gain, format_table,
+                         note, output_format, refuse_given, require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError
 from tr_core.search_options import SEARCH_FIELDS
 from tr_core.search_rule import DEFAULT_MAX_HOURS
@@ -34,7 +34,6 @@ from tr_core.system_args import add_system_args, build_system
 
 RUN_DEFAULTS = {"max_hours": DEFAULT_MAX_HOURS}  # tr-autotune run's own defaults of the search options
 
-SUBCOMMANDS = ("run", "show", "kv-plan", "measure", "export", "serve")
 MIN_EMULATED_STEP_S = 2e-4   # measure: a shorter emulated step is below what asyncio's timers resolve
 MAX_TIMER_NOISE = 0.05       # measure: warn when the timers' overshoot exceeds this fraction of a step
 
@@ -47,20 +46,11 @@ def build_parser() -> Parser:
                       "Conventions: docs/cli-convention.md.")
     add_version(p)
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="{run,show,kv-plan,measure,export,serve}")
-    _add_run(sub)
-    _add_show(sub)
-    _add_kv_plan(sub)
-    _add_measure(sub)
-    _add_export(sub)
-    _add_serve(sub)
+    add_subcommands(sub, SUBPARSERS)
     return p
 
 
-def _add_run(sub) -> None:
-    r = sub.add_parser("run", help="compute (or reuse) the thresholds file for a spec",
-                       description="Compute B*(N) for N = 1..--N and write the thresholds file atomically. A file "
-                       "(or --cache-dir entry) with the same inputs hash is reused at once; a partial one is "
-                       "resumed. The summary goes to stdout.")
+def _run_args(r) -> None:
     add_system_args(r)
     t = r.add_argument_group("tuning")
     t.add_argument("--N", type=int, required=True, metavar="N", help="largest number of active requests the "
@@ -86,9 +76,7 @@ def _add_run(sub) -> None:
     add_quiet_arg(t)
 
 
-def _add_show(sub) -> None:
-    s = sub.add_parser("show", help="validate a thresholds file and print it (or one lookup)",
-                       description="Validate a thresholds file with the vendorable reader and print B*(N).")
+def _show_args(s) -> None:
     s.add_argument("file", metavar="FILE.json")
     s.add_argument("--N", type=int, metavar="N", help="print only lookup(N), the thresholds for N active "
                    "requests (N beyond the table uses its largest N)")
@@ -97,11 +85,7 @@ def _add_show(sub) -> None:
     add_quiet_arg(s)
 
 
-def _add_kv_plan(sub) -> None:
-    k = sub.add_parser("kv-plan", help="joint KV-cache budget of subservers sharing GPUs (paper, Appendix B)",
-                       description="From each model's config.json and a placement (GPUs per model, tensor "
-                       "parallelism), compute weight and KV bytes, the largest common KV-token capacity that "
-                       "fits every GPU's budget, and each subserver's memory fraction and launch arguments.")
+def _kv_plan_args(k) -> None:
     k.add_argument("--placement", required=True, metavar="FILE.json", help="placement JSON (see docs/autotune.md; "
                    "example: data/models/paper-placement.json)")
     k.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of every GPU in GiB (overrides "
@@ -114,12 +98,7 @@ def _add_kv_plan(sub) -> None:
     add_quiet_arg(k)
 
 
-def _add_measure(sub) -> None:
-    m = sub.add_parser("measure", help="run the reference runtime (emulated steps) and compare with the chain",
-                       description="N closed-loop clients against the reference asyncio runtime (three loops per "
-                       "subserver, delayed batching), every step sleeping L_i(b) * --time-scale; prints measured "
-                       "throughput, per-request speed and admission latency in the spec's time units next to the "
-                       "chain's prediction.")
+def _measure_args(m) -> None:
     add_system_args(m)
     m.add_argument("--N", type=int, required=True, metavar="N", help="closed-loop clients (concurrency N)")
     th = m.add_mutually_exclusive_group(required=True)
@@ -129,10 +108,7 @@ def _add_measure(sub) -> None:
                     "count")
     m.add_argument("--time-scale", type=float, default=10.0, metavar="X", help="every emulated step lasts L_i(b) "
                    "times this (default 10)")
-    m.add_argument("--duration-s", type=float, default=30.0, metavar="S", help="measured window, wall-clock "
-                   "seconds (default 30)")
-    m.add_argument("--warmup-s", type=float, default=2.0, metavar="S", help="warm-up before the window, "
-                   "wall-clock seconds (default 2)")
+    add_window_args(m, duration_s=30.0, warmup_s=2.0)
     m.add_argument("--output-tokens", type=int, default=512, metavar="T", help="output tokens per request "
                    "(default 512)")
     m.add_argument("--seed", type=int, default=0, help="seed of the routing draws (default 0)")
@@ -141,9 +117,7 @@ def _add_measure(sub) -> None:
     add_quiet_arg(m)
 
 
-def _add_export(sub) -> None:
-    e = sub.add_parser("export", help="a thresholds file as a real server's launch arguments (R2R)",
-                       description="Turn a thresholds file into the launch arguments of a serving system.")
+def _export_args(e) -> None:
     targets = e.add_subparsers(dest="target", parser_class=Parser, metavar="{r2r}")
     r = targets.add_parser("r2r", help="--slm-min-batch-size / --llm-min-batch-size lists for R2R's launcher",
                            description="Print R2R's launch flags --slm-min-batch-size and --llm-min-batch-size "
@@ -162,15 +136,7 @@ def _add_export(sub) -> None:
     add_quiet_arg(r)
 
 
-def _add_serve(sub) -> None:
-    s = sub.add_parser("serve", help="serve the reference runtime behind an OpenAI-compatible HTTP API",
-                       description="Run the reference runtime (delayed batching with the thresholds row of the live "
-                       "number of in-flight requests, re-read when the file is replaced) behind /v1/completions, "
-                       "/v1/chat/completions, /health and /v1/models; responses carry usage.completion_tokens and "
-                       "llm_ratio (fraction of tokens committed by the last model). The system comes from the "
-                       "system flags or else from the thresholds file's spec. SIGTERM or Ctrl-C: stop accepting, "
-                       "finish in-flight requests (up to --shutdown-timeout-s), exit 0. Needs starlette and "
-                       "uvicorn (the 'serve' extra).")
+def _serve_args(s) -> None:
     add_system_args(s)
     th = s.add_argument_group("thresholds")
     g = th.add_mutually_exclusive_group(required=True)
@@ -223,6 +189,8 @@ def _add_serve(sub) -> None:
     e.add_argument("--max-len", type=int, default=1024, metavar="TOKENS", help="torch: cache length per request, "
                    "prompt + output tokens (default 1024)")
     e.add_argument("--no-graphs", action="store_true", help="torch: no CUDA graphs (eager steps)")
+
+
 
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -727,16 +695,44 @@ def _cmd_serve(a) -> int:
     return 0
 
 
+# name -> (help, description, argument builder, handler)
+SUBPARSERS = {
+    "run": ("compute (or reuse) the thresholds file for a spec",
+            "Compute B*(N) for N = 1..--N and write the thresholds file atomically. A file (or --cache-dir entry) "
+            "with the same inputs hash is reused at once; a partial one is resumed. The summary goes to stdout.",
+            _run_args, _cmd_run),
+    "show": ("validate a thresholds file and print it (or one lookup)",
+             "Validate a thresholds file with the vendorable reader and print B*(N).", _show_args, _cmd_show),
+    "kv-plan": ("joint KV-cache budget of subservers sharing GPUs (paper, Appendix B)",
+                "From each model's config.json and a placement (GPUs per model, tensor parallelism), compute weight "
+                "and KV bytes, the largest common KV-token capacity that fits every GPU's budget, and each "
+                "subserver's memory fraction and launch arguments.", _kv_plan_args, _cmd_kv_plan),
+    "measure": ("run the reference runtime (emulated steps) and compare with the chain",
+                "N closed-loop clients against the reference asyncio runtime (three loops per subserver, delayed "
+                "batching), every step sleeping L_i(b) * --time-scale; prints measured throughput, per-request speed "
+                "and admission latency in the spec's time units next to the chain's prediction.",
+                _measure_args, _cmd_measure),
+    "export": ("a thresholds file as a real server's launch arguments (R2R)",
+               "Turn a thresholds file into the launch arguments of a serving system.", _export_args, _cmd_export),
+    "serve": ("serve the reference runtime behind an OpenAI-compatible HTTP API",
+              "Run the reference runtime (delayed batching with the thresholds row of the live number of in-flight "
+              "requests, re-read when the file is replaced) behind /v1/completions, /v1/chat/completions, /health and "
+              "/v1/models; responses carry usage.completion_tokens and llm_ratio (fraction of tokens committed by the "
+              "last model). The system comes from the system flags or else from the thresholds file's spec. SIGTERM "
+              "or Ctrl-C: stop accepting, finish in-flight requests (up to --shutdown-timeout-s), exit 0. Needs "
+              "starlette and uvicorn (the 'serve' extra).", _serve_args, _cmd_serve),
+}
+SUBCOMMANDS = tuple(SUBPARSERS)
+
+
 def main_impl(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run"] + argv  # the short form: tr-autotune --spec FILE --N N --thresholds FILE
     parser = build_parser()
     a = parser.parse_args(argv)
-    commands = {"run": _cmd_run, "show": _cmd_show, "kv-plan": _cmd_kv_plan, "measure": _cmd_measure,
-                "export": _cmd_export, "serve": _cmd_serve}
     require_subcommand(parser, a)
-    return commands[a.command](a)
+    return a.func(a)
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
-from tr_core.cli import Progress, add_output_args, add_quiet_arg, format_gain, parse_int_ranges
+from tr_core.cli import Progress, add_output_args, add_quiet_arg, add_subcommands, format_gain, parse_int_ranges
 from tr_core.units import finite_number, positive_number
 
 from shadow_prefill.cluster.metrics import compare_runs, reduction_by_context, summarize_comparison
@@ -40,7 +40,7 @@ from shadow_prefill.cluster.sim import DEFAULT_PAIR, ClusterConfig, Scenario, si
 from shadow_prefill.cluster.sweep import SWEEP_PARAMS, calibrated_capacities, run_grid, sweep
 from shadow_prefill.cluster.workload import DEFAULT_WINDOWS, SESSION_DRAWS, read_azure_trace, synthetic_request_sizes
 from shadow_prefill.errors import ShadowError, ShadowResourceLimit
-from shadow_prefill.workload_args import add_subcommands, add_workload_args, clean, emit_result, int_at_least, \
+from shadow_prefill.workload_args import add_workload_args, clean, emit_result, int_at_least, \
     latency_models, name_values, number, synthetic_params, text_table, workload_from_args
 
 __all__ = ["register", "cmd_simulate", "cmd_compare", "SWEEP_FLAGS"]

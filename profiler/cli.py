@@ -21,9 +21,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_version, add_window_args,
-                         check_number, check_out_path, emit, format_table, note, output_format, parse_int_ranges,
-                         refuse_given, require_subcommand, run_cli, to_csv)
+from tr_core.cli import (Parser, add_list_arg, add_output_args, add_quiet_arg, add_subcommands, add_version,
+                         add_window_args, check_number, check_out_path, emit, format_table, note, output_format,
+                         parse_int_ranges, refuse_given, require_subcommand, run_cli, to_csv)
 from tr_core.errors import SpecError, WorkTooLarge
 from tr_core.units import positive_number
 
@@ -854,17 +854,7 @@ def _serve_bench_text(doc: dict, fmt: str) -> str:
 
 # ----------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="tr-profile",
-               description="Measure step latencies L_i(b) (ms) of models, estimate the routing matrix P and the "
-                           "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
-    add_version(p)
-    sub = p.add_subparsers(dest="command", parser_class=Parser,
-                           metavar="{latency,routing,route-run,system,roofline,serve-bench}")
-
-    q = sub.add_parser("latency", help="per-step latency of one model over batch sizes (decode or extend)",
-                       description="Time one model's decoding step for each batch size; the JSON output is the "
-                                   "profile (kept in a run folder unless --out receives it).")
+def _add_latency(q: argparse.ArgumentParser) -> None:
     g = q.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", help="local Hugging Face model folder (real weights; never downloads)")
     g.add_argument("--config", help="config.json (random weights: timing depends on the architecture only)")
@@ -880,12 +870,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--corun-batch-size", type=int, default=None, metavar="B",
                    help="requests per step of the --corun model (default 1)")
     _common_args(q)
-    q.set_defaults(func=cmd_latency)
 
-    q = sub.add_parser("routing", help="estimate P (95%% intervals), C and run-length fit from a JSONL trace",
-                       description="Stream a routing trace; estimate P, C, test geometric runs.  With latencies "
-                                   "(--L or --latency-profile) the JSON output is a spec for 'tr-optimize --spec'.  "
-                                   "Does not import torch.")
+
+def _add_routing(q: argparse.ArgumentParser) -> None:
     q.add_argument("--trace", required=True, nargs="+", action="extend", metavar="FILE",
                    help="routing trace (JSONL, optionally .gz); with --trace-format r2r one or more files of "
                         "R2R per-token records (CSV, JSON lines or Parquet; one file per request, or a request_id "
@@ -899,22 +886,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_list_arg(q, "--L", metavar="MS", help="step latency L_i of each model in ms, e.g. --L 6 27.9")
     _spec_args(q)
     _common_args(q, run_dir=False)
-    q.set_defaults(func=cmd_routing)
 
-    q = sub.add_parser("route-run", help="run a token-level routing policy over real models and record the trace",
-                       description="Generate prompts under a routing policy with transformers; record the trace.")
+
+def _add_route_run(q: argparse.ArgumentParser) -> None:
     q.add_argument("--model", "--config", nargs="+", action="extend", default=[], dest="model",
                    help="model folders or config.json files in model order (model 0 = entry)")
     _route_run_args(q)
     _model_args(q)
     q.add_argument("--trace-out", help="trace path (default: a timestamped folder under --run-dir)")
     _common_args(q)
-    q.set_defaults(func=cmd_route_run)
 
-    q = sub.add_parser("system", help="models + trace (or a route-run) -> complete spec JSON",
-                       description="Profile every model's L_i(b) (or read profiles), estimate P and C from a trace "
-                                   "(or record one), and build a spec for 'tr-optimize --spec'; the JSON output is "
-                                   "the spec (kept in the run folder unless --out receives it).")
+
+def _add_system(q: argparse.ArgumentParser) -> None:
     q.add_argument("--model", "--config", nargs="+", action="extend", default=[], dest="model",
                    help="model folders or config.json files in model order")
     q.add_argument("--trace", nargs="+", action="extend", metavar="FILE",
@@ -929,12 +912,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(q)
     _spec_args(q)
     _common_args(q)
-    q.set_defaults(func=cmd_system, L=None)
+    q.set_defaults(L=None)
 
-    q = sub.add_parser("roofline", help="memory-bandwidth floor beside stored latency profiles",
-                       description="For each profile and batch size: bytes read per step (weights + KV at the "
-                                   "profiled context), the floor time at the device's memory bandwidth, and "
-                                   "measured / floor.  Does not import torch.")
+
+def _add_roofline(q: argparse.ArgumentParser) -> None:
     q.add_argument("profiles", nargs="+", metavar="PROFILE", help="latency profile JSON files")
     q.add_argument("--config", nargs="+", action="extend", default=[], metavar="FILE",
                    help="model config.json (one, or one per profile) to tell a tied from an untied embedding "
@@ -942,16 +923,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
                    help="memory bandwidth in GB/s (default: the spec-sheet figure of the profile's device)")
     _common_args(q, run_dir=False)
-    q.set_defaults(func=cmd_roofline)
 
-    q = sub.add_parser("serve-bench", help="closed-loop benchmark of a live OpenAI-compatible server vs prediction",
-                       description="Keep exactly N requests in flight against an OpenAI-compatible server (each "
-                                   "client sends its next request when its previous one returns), for each N: "
-                                   "warm-up, a measured window, then the requests in flight are drained. Reports "
-                                   "total output tokens/s (95%% interval by batch means), per-request tokens/s "
-                                   "(95%% interval), llm_ratio when the server reports it, and with --predicted "
-                                   "the prediction beside the measurement. Works against tr-autotune serve, R2R, "
-                                   "SGLang and vLLM (usage.completion_tokens). Does not import torch.")
+
+def _add_serve_bench(q: argparse.ArgumentParser) -> None:
     q.add_argument("--url", required=True, help="server address, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
                    "accepted)")
     q.add_argument("--N", nargs="+", required=True, metavar="N", help="concurrencies to measure (requests in "
@@ -984,7 +958,46 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
     add_quiet_arg(q)
     add_output_args(q)
-    q.set_defaults(func=cmd_serve_bench)
+
+
+# name -> (help, description, argument builder, handler)
+SUBCOMMANDS = {
+    "latency": ("per-step latency of one model over batch sizes (decode or extend)",
+                "Time one model's decoding step for each batch size; the JSON output is the profile (kept in a run "
+                "folder unless --out receives it).", _add_latency, cmd_latency),
+    "routing": ("estimate P (95%% intervals), C and run-length fit from a JSONL trace",
+                "Stream a routing trace; estimate P, C, test geometric runs.  With latencies (--L or "
+                "--latency-profile) the JSON output is a spec for 'tr-optimize --spec'.  Does not import torch.",
+                _add_routing, cmd_routing),
+    "route-run": ("run a token-level routing policy over real models and record the trace",
+                  "Generate prompts under a routing policy with transformers; record the trace.",
+                  _add_route_run, cmd_route_run),
+    "system": ("models + trace (or a route-run) -> complete spec JSON",
+               "Profile every model's L_i(b) (or read profiles), estimate P and C from a trace (or record one), and "
+               "build a spec for 'tr-optimize --spec'; the JSON output is the spec (kept in the run folder unless "
+               "--out receives it).", _add_system, cmd_system),
+    "roofline": ("memory-bandwidth floor beside stored latency profiles",
+                 "For each profile and batch size: bytes read per step (weights + KV at the profiled context), the "
+                 "floor time at the device's memory bandwidth, and measured / floor.  Does not import torch.",
+                 _add_roofline, cmd_roofline),
+    "serve-bench": ("closed-loop benchmark of a live OpenAI-compatible server vs prediction",
+                    "Keep exactly N requests in flight against an OpenAI-compatible server (each client sends its "
+                    "next request when its previous one returns), for each N: warm-up, a measured window, then the "
+                    "requests in flight are drained. Reports total output tokens/s (95%% interval by batch means), "
+                    "per-request tokens/s (95%% interval), llm_ratio when the server reports it, and with --predicted "
+                    "the prediction beside the measurement. Works against tr-autotune serve, R2R, SGLang and vLLM "
+                    "(usage.completion_tokens). Does not import torch.", _add_serve_bench, cmd_serve_bench),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="tr-profile",
+               description="Measure step latencies L_i(b) (ms) of models, estimate the routing matrix P and the "
+                           "commit matrix C from routing traces, and assemble system specs for tr-optimize.")
+    add_version(p)
+    sub = p.add_subparsers(dest="command", parser_class=Parser,
+                           metavar="{latency,routing,route-run,system,roofline,serve-bench}")
+    add_subcommands(sub, SUBCOMMANDS)
     return p
 
 

@@ -79,6 +79,22 @@ def optimize_defaults() -> dict:
             "max_hours": DEFAULT_MAX_HOURS}
 
 
+def _add_simulator_args(s) -> None:
+    """The simulator's flags (--method simulate or auto); each help opens with the mode it applies to, written
+    here once.  Under --method exact they are refused (_check_numbers, _refuse_dropped)."""
+    def simulate(flag: str, text: str, when: str = "simulate", **kw) -> None:
+        s.add_argument(flag, help=f"{when}: {text}", **kw)
+
+    simulate("--trace", "drive routing by a recorded routing trace (non-geometric runs) instead of P",
+             metavar="FILE.jsonl")
+    simulate("--sim-budget-s", "wall-clock budget per N for the threshold search, seconds (default %(default)g)",
+             type=float, default=60.0, metavar="S")
+    simulate("--sim-steps", "request-steps measured per run (default %(default)s)", when="simulate with --B",
+             type=int, default=2_000_000, metavar="STEPS")
+    simulate("--jitter", "coefficient of variation of a log-normal factor on every step latency (default 0)",
+             type=float, default=0.0, metavar="CV")
+    simulate("--seed", "random seed (default 0)", type=int, default=0)
+
 def _add_search_args(p) -> None:
     import dtmc
 
@@ -91,15 +107,7 @@ def _add_search_args(p) -> None:
                    help="exact: the Markov chain (default); simulate: the per-request event simulator (95%% "
                    "intervals, statistical ties reported); auto: exact when the chain fits under --max-states "
                    "(default 1,000,000 for auto so the decision is quick), the simulator otherwise")
-    s.add_argument("--trace", metavar="FILE.jsonl", help="simulate: drive routing by a recorded routing trace "
-                   "(non-geometric runs) instead of P")
-    s.add_argument("--sim-budget-s", type=float, default=60.0, metavar="S", help="simulate: wall-clock budget "
-                   "per N for the threshold search, seconds (default %(default)g)")
-    s.add_argument("--sim-steps", type=int, default=2_000_000, metavar="STEPS", help="simulate with --B: "
-                   "request-steps measured per run (default %(default)s)")
-    s.add_argument("--jitter", type=float, default=0.0, metavar="CV", help="simulate: coefficient of variation "
-                   "of a log-normal factor on every step latency (default 0)")
-    s.add_argument("--seed", type=int, default=0, help="simulate: random seed (default 0)")
+    _add_simulator_args(s)
     from tr_model.tuning.launch_policy import POLICY_CLASSES, POLICY_CLASSES_HELP
     s.add_argument("--policy", choices=POLICY_CLASSES + ("optimal",), help="also search this compact "
                    "state-dependent launch policy class at each N, from B*(N) (steepest ascent, exact chain "

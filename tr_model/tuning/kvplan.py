@@ -250,14 +250,15 @@ class PlacedModel:
 
 @dataclass(frozen=True)
 class Placement:
-    """Models on GPUs, the per-GPU memory and the budget fraction."""
+    """Models on GPUs, the per-GPU memory and the budget fraction: made (validated) by :func:`make_placement`,
+    which holds the defaults."""
 
     models: tuple[PlacedModel, ...]
     gpu_memory_bytes: tuple[int, ...]
-    memory_budget_fraction: float = 0.9
-    reserved_bytes_per_model_gpu: int = 0
-    page_size_tokens: int = 1
-    name: str = "placement"
+    memory_budget_fraction: float
+    reserved_bytes_per_model_gpu: int
+    page_size_tokens: int
+    name: str
 
     @property
     def num_gpus(self) -> int:

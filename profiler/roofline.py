@@ -32,23 +32,29 @@ from typing import Any, Mapping, Sequence
 __all__ = ["KNOWN_GPUS", "known_bandwidth", "step_bytes", "roofline", "input_embedding_bytes_from_config",
            "measure_copy_bandwidth", "profile_roofline"]
 
-# (pattern on the device name, label, peak memory bandwidth in bytes/s); first match wins, so the more
-# specific names come first.  Vendor spec sheets.
-KNOWN_GPUS: tuple[tuple[str, str, float], ...] = (
-    (r"\bB200\b", "B200", 8.0e12),
-    (r"\bH200\b", "H200", 4.8e12),
-    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 2.0e12),
-    (r"\bH100\b.*\bNVL\b", "H100 NVL", 3.9e12),
-    (r"\bH100\b", "H100 SXM", 3.35e12),
-    (r"\bA100\b.*\b80GB\b.*\bPCIe\b", "A100 80GB PCIe", 1.935e12),
-    (r"\bA100\b.*\b80GB\b", "A100 80GB SXM", 2.039e12),
-    (r"\bA100\b", "A100 40GB", 1.555e12),
-    (r"\bL40S\b", "L40S", 0.864e12),
-    (r"\bL40\b", "L40", 0.864e12),
-    (r"\bL4\b", "L4", 0.300e12),
-    (r"\bA10G?\b", "A10", 0.600e12),
-    (r"\bRTX 4090\b", "RTX 4090", 1.008e12),
+# (label, peak memory bandwidth in bytes/s[, pattern on the device name]); without a pattern, each word of the
+# label must appear in the name, in that order.  First match wins, so the more specific names come first.
+# Vendor spec sheets.
+_SPEC_SHEETS: tuple[tuple, ...] = (
+    ("B200", 8.0e12),
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 SXM", 3.35e12, r"\bH100\b"),  # an H100 that names no form factor is the SXM part
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100 80GB SXM", 2.039e12, r"\bA100\b.*\b80GB\b"),
+    ("A100 40GB", 1.555e12, r"\bA100\b"),
+    ("L40S", 0.864e12),
+    ("L40", 0.864e12),
+    ("L4", 0.300e12),
+    ("A10", 0.600e12, r"\bA10G?\b"),  # the A10G (AWS) is an A10
+    ("RTX 4090", 1.008e12, r"\bRTX 4090\b"),
 )
+
+# (pattern on the device name, label, peak memory bandwidth in bytes/s), in matching order
+KNOWN_GPUS: tuple[tuple[str, str, float], ...] = tuple(
+    (row[2] if len(row) > 2 else ".*".join(rf"\b{w}\b" for w in row[0].split()), row[0], row[1])
+    for row in _SPEC_SHEETS)
 
 
 def known_bandwidth(device_name: str) -> tuple[float, str] | None:

@@ -139,14 +139,22 @@ class Candidate:
 
 @dataclass(frozen=True)
 class LatencyEstimate:
-    """``L(b)`` (solo) and ``Lco(b)`` (co-running, None when not co-located) of one model in one candidate."""
+    """``L(b)`` (solo) and ``Lco(b)`` (co-running, None when not co-located) of one model in one candidate: the
+    model and its tensor-parallel degree are those of its placement."""
 
-    model: str
-    tensor_parallel: int
+    placement: ModelPlacement
     batch_size: tuple[int, ...]
     solo_ms: tuple[float, ...]
     corun_ms: tuple[float, ...] | None
     source: Mapping[str, Any] = field(compare=False, hash=False, default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        return self.placement.model
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.placement.tensor_parallel
 
 
 @dataclass(frozen=True)
@@ -394,7 +402,7 @@ def plan(models: Sequence[str | os.PathLike], gpu: str | GPUKind, gpus: int, N: 
                     co = tuple(L[i] + u * mem[i] for i in range(len(bgrid)))
                     src["corun"] = {"kind": "contention model (equal bandwidth share while both stream)",
                                     "other_streaming_fraction": u}
-            out.append(LatencyEstimate(names[k], c.placement[k].tensor_parallel, bgrid, L, co, src))
+            out.append(LatencyEstimate(c.placement[k], bgrid, L, co, src))
         return tuple(out)
 
     chain_cache: dict[tuple, Any] = {}

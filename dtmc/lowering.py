@@ -4,8 +4,10 @@
 frozen :class:`LoweredSystem`: routing ``P``, committed tokens ``C`` and their expected commits ``cbar``,
 durations ``d`` and the co-running launch law's ``dco`` in quanta, batch caps, the batch-routing outcome
 table and the state packing.  Its :attr:`LoweredSystem.tables` is the kernels' record
-(:class:`dtmc._kernels.ChainTables`); the chain, the decision processes and their bounds, the class reach,
-the mean field and the simulator take it instead of rebuilding it.
+(:class:`dtmc._kernels.ChainTables`); the chain (and :func:`optimizer.evaluate.evaluate_thresholds` through
+it), the decision processes and their bounds, the class reach and the mean field take it instead of
+rebuilding it.  :func:`lower_routing` is the part of the lowering that needs no grid (``P``, ``C``, ``cbar``,
+caps): the simulator, which keeps its latencies in ms (continuous time), takes those from it.
 
 This module imports nothing else of the project (``dtmc`` is a leaf): a *spec* is anything with ``P``,
 ``C``, ``M``, ``caps(N)``, ``quanta_table(N, round_to_grid=)``, ``has_corun`` and
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -117,7 +120,7 @@ class LoweredSystem:
     @functools.cached_property
     def cbar(self) -> np.ndarray:
         """Expected tokens committed per completed request, per model."""
-        return (self.C * self.P).sum(axis=1)
+        return expected_commits(self.P, self.C)
 
     @functools.cached_property
     def outcomes(self):
@@ -143,11 +146,24 @@ class LoweredSystem:
         return self.tables._replace(br=int(br))
 
 
-def lower_arrays(P, C, d, N: int, caps=None, dco=None, *, empty: bool = False, factorials: str = "lgamma",
-                 roundings: tuple = ()) -> LoweredSystem:
-    """The :class:`LoweredSystem` of plain arrays: ``P``, ``C`` (M, M); ``d`` and ``dco`` (M, N+1) durations in
-    quanta (``dco`` None: the solo law); ``caps`` (default N, clipped to N).  Durations must be at least one
-    quantum from batch size 1 on, and at 0 too with ``empty`` (the empty batch of a policy)."""
+def expected_commits(P: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """``cbar``: the tokens a completed request of each model commits on average, ``(C * P).sum(axis=1)``."""
+    return (C * P).sum(axis=1)
+
+
+class Routing(NamedTuple):
+    """The grid-free part of a lowering (:func:`lower_routing`): routing ``P`` and committed tokens ``C``
+    (float64, contiguous), their expected commits ``cbar`` per model and the batch caps clipped to N; the
+    same arrays a :class:`LoweredSystem` of the system holds."""
+
+    P: np.ndarray
+    C: np.ndarray
+    caps: np.ndarray
+    cbar: np.ndarray
+
+
+def _routing(P, C, N, caps):
+    """``(P, C, caps, N)`` converted and checked once (caps default N, clipped to N, at least 1)."""
     P = np.ascontiguousarray(P, dtype=np.float64)
     C = np.ascontiguousarray(C, dtype=np.float64)
     N = int(N)
@@ -157,6 +173,25 @@ def lower_arrays(P, C, d, N: int, caps=None, dco=None, *, empty: bool = False, f
     caps = np.full(M, N, dtype=np.int64) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), N)
     if (caps < 1).any():
         raise DTMCError("batch caps must be >= 1")
+    return P, C, np.ascontiguousarray(caps), N
+
+
+def lower_routing(P, C, N: int, caps=None) -> Routing:
+    """The part of :func:`lower_arrays` that needs no quantum grid: ``P``, ``C``, ``cbar`` and the caps at N,
+    converted and checked as it does.  For a consumer that keeps its latencies in ms instead of lowering them
+    to quanta (the simulator runs in continuous time: rounding its latencies onto a grid would change what it
+    simulates, and a spec off the grid has no durations without rounding)."""
+    P, C, caps, _ = _routing(P, C, N, caps)
+    return Routing(P, C, caps, expected_commits(P, C))
+
+
+def lower_arrays(P, C, d, N: int, caps=None, dco=None, *, empty: bool = False, factorials: str = "lgamma",
+                 roundings: tuple = ()) -> LoweredSystem:
+    """The :class:`LoweredSystem` of plain arrays: ``P``, ``C`` (M, M); ``d`` and ``dco`` (M, N+1) durations in
+    quanta (``dco`` None: the solo law); ``caps`` (default N, clipped to N).  Durations must be at least one
+    quantum from batch size 1 on, and at 0 too with ``empty`` (the empty batch of a policy)."""
+    P, C, caps, N = _routing(P, C, N, caps)
+    M = P.shape[0]
     first = 0 if empty else 1
     what = " (column 0: the empty batch)" if empty else ""
     d = np.ascontiguousarray(d, dtype=np.int64)
@@ -170,7 +205,7 @@ def lower_arrays(P, C, d, N: int, caps=None, dco=None, *, empty: bool = False, f
             raise DTMCError(f"dco must have shape (M, N+1) = ({M}, {N + 1}), got {dco.shape}")
         if (dco[:, first:] < 1).any():
             raise DTMCError(f"co-running durations dco must be >= 1 quantum{what}")
-    return LoweredSystem(N, P, C, d, dco, np.ascontiguousarray(caps), factorials, tuple(roundings))
+    return LoweredSystem(N, P, C, d, dco, caps, factorials, tuple(roundings))
 
 
 def lower_system(spec, N: int, *, round_to_grid: bool = False, factorials: str = "lgamma",

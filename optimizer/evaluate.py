@@ -119,11 +119,10 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         raise SpecError(f"--solver must be one of {', '.join(dtmc.SOLVERS)}, got {solver!r}")
     tol = dtmc.DEFAULT_TOL if tol is None else float(tol)
     max_states = dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states)
-    d, roundings = spec.quanta_table(int(N), round_to_grid=round_to_grid)
-    dco = None
-    if spec.has_corun:
-        dco, co_roundings = spec.corun_quanta_table(int(N), round_to_grid=round_to_grid)
-        roundings = roundings + co_roundings
+    try:
+        low = dtmc.lower_system(spec, int(N), round_to_grid=round_to_grid)
+    except dtmc.DTMCError as e:
+        raise SpecError(str(e)) from None
     key = None
     if cache is not None:
         from optimizer.cache import ResultCache, evaluation_key
@@ -135,8 +134,10 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
             return hit
     t0 = time.perf_counter()
     try:
-        sol = dtmc.solve_chain(spec.P, spec.C, d, int(N), Bt, caps=spec.caps(int(N)), solver=solver,
-                               tol=tol, max_states=max_states, dco=dco, tighten=bool(tighten))
+        # the chain's public entry takes arrays: it is handed the lowered ones and only checks them again
+        # (no table is rebuilt; the outcome table is cached per N and P)
+        sol = dtmc.solve_chain(low.P, low.C, low.d, low.N, Bt, caps=low.caps, solver=solver,
+                               tol=tol, max_states=max_states, dco=low.dco, tighten=bool(tighten))
     except dtmc.StateLimitExceeded as e:
         if e.transitions:
             raise StateSpaceTooLarge(
@@ -169,7 +170,7 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         per_request_tok_s=float(thr) / int(N), iterations=sol.iterations,
         recurrent_states=sol.recurrent_states, bytes_used=sol.bytes_used,
         build_seconds=sol.build_seconds, assembly_seconds=sol.assembly_seconds,
-        solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=tuple(roundings),
+        solve_seconds=sol.solve_seconds, delta_ms=spec.delta_ms, roundings=low.roundings,
         pi_error_bound=float(sol.pi_error_bound), throughput_error_bound=float(sol.throughput_error_bound),
         bound_method=sol.bound_method)
     if cache is not None and key is not None:

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
+from dtmc.lowering import DTMCError, lower_routing
 from tr_core.errors import SpecError, short_repr
 from simulator._kernels import SimRequests, SimRun, SimSystem, simulate_kernel
 from simulator.traces import RoutingTrace, read_trace, trace_from_records
@@ -340,6 +341,10 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
         raise SpecError(f"jitter must be >= 0 (coefficient of variation), got {jitter!r}")
     sigma = math.sqrt(math.log1p(jitter * jitter))
 
+    # The step latencies stay in ms, read from the spec: the simulation runs in continuous time.  The one
+    # lowering step (dtmc.lowering) turns latencies into whole quanta on the spec's grid (rounded onto it,
+    # or refused off it), which would change every simulated time, so only its grid-free part is taken
+    # from there (lower_routing below: P, C, their expected commits and the caps).
     lat = np.empty((M, N + 1), dtype=np.float64)
     for i in range(M):
         for b in range(1, N + 1):
@@ -348,13 +353,15 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
                 raise SpecError(f"latency of model {i} at batch size {b} must be > 0 ms, got {v!r}")
             lat[i, b] = v
         lat[i, 0] = lat[i, 1]
-    caps = np.asarray(spec.caps(N), dtype=np.int64)
-    P = spec.P
+    try:
+        routing = lower_routing(spec.P, spec.C, N, spec.caps(N))
+    except DTMCError as e:
+        raise SpecError(str(e)) from None
+    P, C, caps = routing.P, routing.C, routing.caps
     pcum = np.cumsum(P, axis=1)
     for i in range(M):
         # the last reachable destination absorbs u close to 1 (row sums may be 1 - 1e-16)
         pcum[i, int(np.flatnonzero(P[i] > 0)[-1]):] = 2.0
-    C = np.ascontiguousarray(spec.C, dtype=np.float64)
     tie_ms = TIE_REL * float(lat[:, 1:].min())
 
     if trace is not None:
@@ -382,7 +389,7 @@ def simulate(spec, N: int, B: Sequence[int], *, horizon_ms: float | None = None,
     warm_ms = warmup * meas_ms if not meas_steps else 0.0
     t_start = time.perf_counter()
     if mode == 0 and expected_tokens:
-        exp_tok = (P * C).sum(axis=1)
+        exp_tok = routing.cbar
     else:
         exp_tok = np.full(M, -1.0)
     ext = _extend_table(extend_ms_per_token, M, N)

@@ -6,6 +6,10 @@
   torch on a GPU); it never imports the server.
 
 May import: the standard library, ``tr_core``, ``tr_model.serving.runtime`` and the thresholds reader
-``tr_model.thresholds`` (a server looks thresholds up, it never computes them); never the public API module, the
-command lines or ``tr_model.tuning`` (``tests/test_api_rooms.py``).
+``tr_model.thresholds`` (a server looks thresholds up, it never computes them), and lazily, only when the
+object that needs them is made, two pieces of the features: the emulated executor made with
+``corun_latency_ms`` imports ``dtmc._kernels.corun_at_launch`` (the launch law's tie rule, its Python body), so an
+executor without that law never imports ``dtmc`` or numba, and the trace router reads its routing trace with
+``simulator.traces``; never the public API module, the command lines or ``tr_model.tuning``
+(``tests/test_api_rooms.py``).
 """

@@ -40,6 +40,16 @@ MAX_CANDIDATES = 5_000_000
 EAGER_FIRST_STATES = 300_000
 
 
+def _below_any(B, tops) -> bool:
+    """Whether ``B <= T`` componentwise for some ``T`` in ``tops``."""
+    return any(all(b <= t for b, t in zip(B, T)) for T in tops)
+
+
+def _in_boxes(B, boxes) -> bool:
+    """Whether ``lo <= B <= hi`` componentwise for some ``(lo, hi)`` in ``boxes``."""
+    return any(all(a <= b <= c for a, b, c in zip(lo, B, hi)) for lo, hi in boxes)
+
+
 def _default_start(N: int, M: int) -> tuple[int, ...]:
     # the centre of the feasible simplex; only orders the work
     x = (N - 1) // (M + 1)
@@ -194,7 +204,7 @@ def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) 
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
-              known: dict | None = None) -> None:
+              known: dict | None = None, failed: list | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -204,7 +214,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     is tried first on the coarse clock (bound 5, cheap), then, if its process has at most
     ``fine_states`` states, on the fine one (bound 3, tighter).  ``known``: B -> (bound tok/s, name), the
     smallest bound of a box tried but not pruned, for each of its open vectors (still a proven bound on each:
-    it certifies what the search leaves unresolved).
+    it certifies what the search leaves unresolved).  ``failed``: a list that receives ``(lo, hi)`` of each
+    box over the state cap on the first clock, or not built because it lies below one that was.
     """
     from optimizer.bounds import box_bound
 
@@ -222,6 +233,13 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     # cut out of the innermost one holding it (optimizer.bounds.box_bound, parent=), not enumerated again
     kept: dict[int, list] = {}
     levels0 = coarse if isinstance(coarse, tuple) else ((coarse,) if coarse > 1 else ())
+    # the top corners of the boxes whose process was over the state cap on the first clock.  Smaller
+    # thresholds launch smaller batches more often and reach more states (observed, not proven: at N = 256
+    # every box below (64, 64) is over 400,000 states, down to (1..4) x (1..4)), and finding that out costs
+    # a build up to the cap (10-20 s each).  A box whose top corner is below a failed one's is therefore not
+    # built: its vectors are left to the later passes (evaluated, deferred or bounded one by one).  Only
+    # cost depends on this; a box not tried is never pruned.
+    failed_tops: list = []
     if root_states and levels0 and todo:
         # one process of the whole feasible box on the first (coarsest) clock: every box is cut out of it
         # (mdp_restrict) instead of enumerated on its own; at large N a box's process is nearly as large as
@@ -256,6 +274,11 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         tried: list = []
         if not holds_best:
             levels = list(coarse) + [1] if isinstance(coarse, tuple) else ([coarse, 1] if coarse > 1 else [1])
+            if _below_any(hi, failed_tops):
+                stats["boxes_skipped"] = stats.get("boxes_skipped", 0) + 1
+                if failed is not None:
+                    failed.append((lo, hi))
+                continue
             for c in levels:
                 cap = max_box_states if (c > 1 or fine_states is None) else fine_states
                 if deadline is not None:
@@ -273,6 +296,13 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                               coarse=c, max_sweeps=max_sweeps, parent=stack[-1] if stack else None, keep=c > 1)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
                 tried.append((c, r))
+                if r.status == "too large":
+                    stats["boxes_too_large"] = stats.get("boxes_too_large", 0) + 1
+                    if c == levels[0]:
+                        failed_tops.append(hi)
+                        if failed is not None:
+                            failed.append((lo, hi))
+                    break      # the finer clocks' processes are larger still
                 if r.status == "ok" and (r.upper_tok_s < best * (1.0 - TIE_RTOL)
                                          or (max_gap > 0 and r.upper_tok_s <= best / (1.0 - max_gap))):
                     hit = (r, c)
@@ -365,6 +395,12 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
     too_large: list[tuple[tuple[int, ...], str, float]] = []    # chains over the state budget, not pruned
 
     known: dict = {}     # B -> (bound tok/s, name) from boxes the box pass tried but could not prune
+    # vectors whose chain was over the deferral cap / the whole state budget.  Smaller thresholds launch
+    # smaller batches more often and reach more states (observed, not proven), so a vector below one of
+    # these is treated as over it too: that decides only what is tried, never what is pruned
+    over_cap: list = []
+    over_budget: list = []
+    failed_boxes: list = []     # (lo, hi) of the boxes the first box pass found over its state cap
 
     def vbound(B):
         bd = bounder.vector_bound(B)
@@ -407,15 +443,36 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             if defer:
                 new = []
                 for B in todo:
+                    if max_gap > 0 and _in_boxes(B, failed_boxes):
+                        # certified: the box pass found this vector's box over the state cap, so its chain is
+                        # larger still; it is left to its proven bound without an enumeration
+                        bd = vbound(B)
+                        too_large.append((B, bd.name, bd.value_tok_s))
+                        pruned_set.add(B)
+                        stats["left_to_bound"] = stats.get("left_to_bound", 0) + 1
+                        continue
+                    if _below_any(B, over_cap):
+                        deferred.append(B)      # deferral only postpones: it is evaluated or bounded later
+                        continue
                     try:
                         new.extend(evaluate_many(spec, [(N, B)], workers=1, executor=executor, **ekw))
                     except StateSpaceTooLarge:
                         deferred.append(B)
+                        over_cap.append(B)
             else:
                 # a chain over the state budget is bounded, never a refusal: it stays unresolved with its
                 # proven bound, and the answer is certified with the gap that bound leaves
                 skipped: list = []
+                if max_gap > 0:
+                    # certified: a vector below one whose chain was over the whole budget is left to its bound
+                    # without an enumeration to the budget (minutes and gigabytes at N = 256); the exact
+                    # search tries every chain, so its answer never depends on this guess
+                    skipped = [B for B in todo if _below_any(B, over_budget)]
+                    todo = [B for B in todo if B not in skipped]
+                    stats["skipped_as_too_large"] = stats.get("skipped_as_too_large", 0) + len(skipped)
+                n_skip = len(skipped)
                 new = _evaluate_fitting(spec, N, todo, workers, executor, ekw, skipped)
+                over_budget.extend(skipped[n_skip:])
                 for B in skipped:
                     bd = vbound(B)
                     too_large.append((B, bd.name, bd.value_tok_s))
@@ -438,7 +495,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
                       stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split,
-                      max_gap=max_gap, known=known)
+                      max_gap=max_gap, known=known, failed=failed_boxes)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0
@@ -449,7 +506,8 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             deadline = None if time_budget_s is None else t0 + time_budget_s
             _box_pass(spec, N, best, {e.B: e for e in evals}, deferred, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=deadline, stats=stats, known=known)
-        run(deferred, kw, False)
+        # cheaper chains (larger thresholds) first, so that the vectors below one over the budget follow it
+        run(sorted(deferred, key=lambda B: (-sum(B), B)), kw, False)
     else:
         run(cands, kw, False)
     if stop_reason:

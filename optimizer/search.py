@@ -44,6 +44,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
+
 from optimizer.evaluate import Evaluation  # noqa: F401  (re-exported for callers of this module)
 from optimizer.optimum import (TIE_RTOL, Optimum, _optimum, evaluate_many, evaluations_table,  # noqa: F401
                                pick_best, tighten_rivals)
@@ -145,7 +147,8 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
     the other modes.  ``policy_bound_n``: solve the all-policy bound at this
     concurrency once and scale it to every larger N of the sweep (a tighter
     certificate; default ``min(max(Ns), 12)`` for the certified and local
-    modes, 0 to skip).  ``on_result(optimum)``: called once per N as soon as
+    modes, and :data:`SERVER_POLICY_N` beside it for a two-model sweep past
+    :data:`SERVER_POLICY_FROM_N`; 0 to skip).  ``on_result(optimum)``: called once per N as soon as
     its result is final (from a helper thread when a local pool runs the
     sweep; for an exhaustive sweep on a pool, or on a Dask cluster, when the
     pool's part that holds it returns).  ``prove``: as in
@@ -191,11 +194,12 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
             search == "auto" and resolve_auto(spec.M, F.count_feasible(max(order), spec.M),
                                               time_budget_s=time_budget_s) != "exhaustive")
         policy_bound_n = min(max(order), 12) if needs else 0
+    policy_ns = _policy_levels(spec, policy_bound_n, max(order)) if policy_bound_n and policy_bound_n > 0 else ()
     # a local pool's workers solve the all-policy bound themselves (the same table in each: the result does
     # not depend on who solved it), so that its kernels compile beside the chain's, not before the pool
     local_pool = executor is None and workers > 1 and len(order) > 1
-    if policy_bound_n and policy_bound_n > 0 and not local_pool:
-        policies = _policy_table(spec, policy_bound_n, kw.get("round_to_grid", False))
+    if policy_ns and not local_pool:
+        policies = _policy_table(spec, policy_ns, kw.get("round_to_grid", False))
     common = dict(search=search, max_gap=max_gap, time_budget_s=time_budget_s, max_evaluations=max_evaluations,
                   policies=policies, prove=prove, **kw)
     if (executor is not None or workers > 1) and len(order) > 1:
@@ -204,7 +208,7 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
         from tr_core.parallel import map_tasks
 
         w = len(order) if executor is not None else min(int(workers), len(order))
-        lazy = policy_bound_n if local_pool and policy_bound_n and policy_bound_n > 0 else 0
+        lazy = policy_ns if local_pool else ()
         with _Relay(on_result if executor is None else None) as relay:
             parts = [(spec, order[i::w], common, relay.queue is not None, i, lazy) for i in range(w)]
             for res in map_tasks(_sweep_chain, parts, workers=w, executor=executor, progress=progress,
@@ -231,9 +235,30 @@ def _proved(spec: SystemSpec, opt: Optimum, prove: bool, kw: dict) -> Optimum:
     return tighten_rivals(spec, opt, **kw) if prove else opt
 
 
-def _policy_table(spec: SystemSpec, n: int, round_to_grid: bool):
+# above this N (two models) the scaled bound of n = 12 leaves about 2 % at N = 256, and a second level of
+# the all-policy table is solved: n = 64 leaves 0.8 % (476,385 states, about 8 s on one core; n = 96 would
+# leave 0.7 % for 22 s).  Measured on R2R (p = 0.35, L = 6.0 / 27.9 ms), experiments/LOG.md "search".
+SERVER_POLICY_FROM_N = 128
+SERVER_POLICY_N = 64
+
+
+def _policy_levels(spec: SystemSpec, n: int, largest: int) -> tuple[int, ...]:
+    """The concurrencies at which the all-policy table is solved for a sweep up to ``largest``: ``n``,
+    and :data:`SERVER_POLICY_N` for a two-model sweep past :data:`SERVER_POLICY_FROM_N` whose bound scales."""
+    from optimizer.bounds import scaling_valid
+
+    ns = [int(n)]
+    if (spec.M == 2 and int(largest) > SERVER_POLICY_FROM_N and SERVER_POLICY_N > n
+            and scaling_valid(spec, int(largest))):
+        ns.append(SERVER_POLICY_N)
+    return tuple(ns)
+
+
+def _policy_table(spec: SystemSpec, ns, round_to_grid: bool):
     from optimizer.bounds import PolicyBounds
-    return PolicyBounds(spec, round_to_grid=round_to_grid).compute([n])
+    ns = (int(ns),) if isinstance(ns, (int, np.integer)) else tuple(ns)
+    # the server level's process has about 480,000 states (R2R, n = 64): more than the default limit
+    return PolicyBounds(spec, round_to_grid=round_to_grid).compute(ns, max_states=1_000_000 if len(ns) > 1 else 400_000)
 
 
 def _uses_policies(spec: SystemSpec, N: int, common: dict) -> bool:
@@ -248,7 +273,7 @@ def _sweep_chain(payload) -> list[Optimum]:
     """Worker task of :func:`optimize_sweep`: the given N in increasing order, each started near the
     previous one's B* scaled to it (which only orders the work).
 
-    ``policy_n`` > 0: this worker solves the all-policy table at that concurrency itself, before the first
+    ``policy_n`` (concurrencies, empty for none): this worker solves the all-policy table at them itself, before the first
     N that reads it.  On a first run every kernel compiles, in each worker that calls it first, so the
     workers share that out (the first run of the default sweep): worker 0 starts with the chain's
     kernels (its first N), worker 1 with the all-policy table's and the box bound's

@@ -19,8 +19,6 @@ The pairs (a pair is two files, or two places in one file, sharing runs of six o
   :class:`optimizer.policy.Process` list the same arrays of a built decision process, in the same order.
 - ``optimizer/cache.py`` with ``tr_model/thresholds.py``: ``_is_num``, the finite-JSON-number rule; the reader
   is vendorable (stdlib only) and keeps its own copy.  Checked in ``tests/test_reader_copies.py``.
-- ``optimizer/branch.py`` with itself: ``_evaluate_fitting`` and ``run``'s deferred loop evaluate one vector
-  at a time, setting aside the chains over the state budget.
 - ``tr_model/plan.py`` with ``tr_model/tuning/kvplan.py``: the planner's :class:`~tr_model.plan.ModelPlacement`
   and the KV plan's :class:`~tr_model.tuning.kvplan.PlacedModel` are the same record (a model, its GPUs, its
   tensor-parallel degree) over a name and over a footprint; the planner turns one into the other.  The other
@@ -97,8 +95,6 @@ COPIES = [
     ("latency table of a launch law", ("simulator/engine.py", "simulate"),
      ("simulator/engine.py", "_corun_latency_table"), "for i in range(M):", 7,
      {"co-running latency": "latency", "corun_latency_ms": "latency_ms", "co": "lat"}),
-    ("one vector at a time, over-budget chains set aside", ("optimizer/branch.py", "_evaluate_fitting"),
-     ("optimizer/branch.py", "run"), "for B in todo:", 4, {"new": "out", "ekw": "kw"}),
 ]
 
 

@@ -99,3 +99,37 @@ def test_a_state_budget_never_breaks_the_certificate(spec, N, cap):
     assert o.throughput_tok_s == pytest.approx(table[o.best_B], rel=1e-9)
     if o.certificate == "pruned-exact":
         assert o.best_B == ex.best_B
+
+
+@pytest.mark.parametrize("N", [10, 14])
+def test_boxes_over_their_cap_cost_no_build_and_the_certificate_still_covers_the_optimum(N):
+    """Every box over a tiny state cap: the certified search leaves their vectors to their proven bound
+    (no enumeration), the exact search still evaluates them; both answers stay honest."""
+    ex, table = _exhaustive_table(R2R, N)
+    stats: dict = {}
+    o = branch.branch_and_bound(R2R, N, boxes=True, max_gap=0.02, max_box_states=60, stats=stats, cheap_states=30,
+                                cheap_factor=1)
+    assert stats.get("boxes_too_large", 0) > 0 and stats.get("left_to_bound", 0) > 0
+    assert o.certificate == "certified" and o.unresolved >= stats["left_to_bound"]
+    assert o.throughput_tok_s <= ex.throughput_tok_s * (1 + 1e-12)
+    assert o.upper_bound_tok_s >= ex.throughput_tok_s * (1 - 1e-9)       # the certificate covers B*
+    for B, _, v in o.pruned_vectors:
+        assert v >= table[B] * (1 - 1e-9)
+    stats_x: dict = {}
+    x = branch.branch_and_bound(R2R, N, boxes=True, max_gap=0.0, max_box_states=60, stats=stats_x, cheap_states=30,
+                                cheap_factor=1)
+    assert x.best_B == ex.best_B and x.certificate == "pruned-exact"
+    assert stats_x.get("left_to_bound", 0) == 0
+
+
+def test_a_vector_below_a_failed_box_top_is_not_built():
+    assert branch._below_any((3, 5), [(4, 5)]) and not branch._below_any((5, 5), [(4, 5)])
+    assert branch._in_boxes((2, 3), [((1, 1), (2, 4))]) and not branch._in_boxes((3, 3), [((1, 1), (2, 4))])
+
+
+def test_server_scale_sweeps_solve_a_second_all_policy_level():
+    from optimizer import search
+    assert search._policy_levels(R2R, 12, 256) == (12, search.SERVER_POLICY_N)
+    assert search._policy_levels(R2R, 12, 128) == (12,)
+    me = preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2])
+    assert search._policy_levels(me, 12, 256) == (12,)

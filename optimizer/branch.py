@@ -38,6 +38,14 @@ MAX_CANDIDATES = 5_000_000
 # the eager chain is solved before the search only up to this many states (R2R: N <= 48); above, its
 # enumeration stops there at once and it waits its turn among the rivals
 EAGER_FIRST_STATES = 300_000
+# the state cap of a box of the first grid on the first (coarsest) clock.  These few boxes cover the whole
+# feasible set; at server scale the ones at small thresholds have the largest processes of the search (R2R,
+# N = 256: 627,774 states for [1, 64]^2 on slots of 30 quanta, 47 s, 3.3 GB peak) and are the only bound
+# that reaches them below B* (12,493 tok/s against 12,504): left unbuilt, their 8,192 vectors keep only
+# the all-policy bound, 0.8 % above.  Their sub-boxes and the finer clocks keep ``max_box_states``
+FIRST_BOX_STATES = 1_000_000
+# entries (routing outcomes x decisions) per state allowed to a box process: 60 at R2R's slots of 30 quanta
+BOX_ENTRIES_PER_STATE = 120
 
 
 def _below_any(B, tops) -> bool:
@@ -204,7 +212,7 @@ def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) 
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
-              known: dict | None = None, failed: list | None = None) -> None:
+              known: dict | None = None, failed: list | None = None, first_states: int | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -216,6 +224,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     smallest bound of a box tried but not pruned, for each of its open vectors (still a proven bound on each:
     it certifies what the search leaves unresolved).  ``failed``: a list that receives ``(lo, hi)`` of each
     box over the state cap on the first clock, or not built because it lies below one that was.
+    ``first_states``: the state cap of the boxes of the first grid on the first clock (default
+    ``max_box_states``); their sub-boxes and the finer clocks keep ``max_box_states``.
     """
     from optimizer.bounds import box_bound
 
@@ -229,6 +239,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         if F.is_feasible(corner, N):
             todo.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
     todo.reverse()
+    # the first grid's boxes as the loop sees them (clipped to the feasible set, below)
+    first_grid = {(lo, tuple(min(h, a + N - 1 - sum(x - 1 for x in lo)) for a, h in zip(lo, hi))) for lo, hi in todo}
     # per clock, the processes of the boxes on the current path of the bisection: a box's process is
     # cut out of the innermost one holding it (optimizer.bounds.box_bound, parent=), not enumerated again
     kept: dict[int, list] = {}
@@ -281,6 +293,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                 continue
             for c in levels:
                 cap = max_box_states if (c > 1 or fine_states is None) else fine_states
+                if first_states is not None and c == levels[0] and (lo, hi) in first_grid:
+                    cap = max(cap, int(first_states))
                 if deadline is not None:
                     # a build costs about 30 us a state: never start one that cannot end in time
                     left = deadline - time.perf_counter()
@@ -293,6 +307,7 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                 target = best / (1.0 - max_gap) if max_gap > 0 else best
                 stack = kept.setdefault(c, [])
                 r = box_bound(spec, N, lo, hi, target_tok_s=target, max_states=cap, round_to_grid=rtg,
+                              max_entries=max(60_000_000, BOX_ENTRIES_PER_STATE * cap),
                               coarse=c, max_sweeps=max_sweeps, parent=stack[-1] if stack else None, keep=c > 1)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
                 tried.append((c, r))
@@ -346,7 +361,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                      min_box: int = 8, max_box_states: int = 400_000, cheap_states: int = 5_000, cheap_factor: int = 8,
                      stats: dict | None = None, coarse: int | None = None, fine_states: int = 30_000,
                      box_sweeps: int = 200, box_split: int | None = None, whole_pass: bool = True,
-                     **kw) -> "object":
+                     first_box_states: int | None = FIRST_BOX_STATES, **kw) -> "object":
     """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`."""
     t0 = time.perf_counter()
     N = F.check_n(N)
@@ -495,7 +510,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
                       max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
                       stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split,
-                      max_gap=max_gap, known=known, failed=failed_boxes)
+                      max_gap=max_gap, known=known, failed=failed_boxes, first_states=first_box_states)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0

@@ -103,12 +103,12 @@ def test_a_state_budget_never_breaks_the_certificate(spec, N, cap):
 
 @pytest.mark.parametrize("N", [10, 14])
 def test_boxes_over_their_cap_cost_no_build_and_the_certificate_still_covers_the_optimum(N):
-    """Every box over a tiny state cap: the certified search leaves their vectors to their proven bound
+    """Every box over a tiny state cap (the first grid's too): the certified search leaves their vectors to their proven bound
     (no enumeration), the exact search still evaluates them; both answers stay honest."""
     ex, table = _exhaustive_table(R2R, N)
     stats: dict = {}
     o = branch.branch_and_bound(R2R, N, boxes=True, max_gap=0.02, max_box_states=60, stats=stats, cheap_states=30,
-                                cheap_factor=1)
+                                cheap_factor=1, first_box_states=None)
     assert stats.get("boxes_too_large", 0) > 0 and stats.get("left_to_bound", 0) > 0
     assert o.certificate == "certified" and o.unresolved >= stats["left_to_bound"]
     assert o.throughput_tok_s <= ex.throughput_tok_s * (1 + 1e-12)
@@ -117,7 +117,7 @@ def test_boxes_over_their_cap_cost_no_build_and_the_certificate_still_covers_the
         assert v >= table[B] * (1 - 1e-9)
     stats_x: dict = {}
     x = branch.branch_and_bound(R2R, N, boxes=True, max_gap=0.0, max_box_states=60, stats=stats_x, cheap_states=30,
-                                cheap_factor=1)
+                                cheap_factor=1, first_box_states=None)
     assert x.best_B == ex.best_B and x.certificate == "pruned-exact"
     assert stats_x.get("left_to_bound", 0) == 0
 
@@ -133,3 +133,21 @@ def test_server_scale_sweeps_solve_a_second_all_policy_level():
     assert search._policy_levels(R2R, 12, 128) == (12,)
     me = preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2])
     assert search._policy_levels(me, 12, 256) == (12,)
+
+
+def test_the_first_grid_gets_its_own_larger_cap_and_the_answer_stays_exact():
+    """A cap under every box process: with the first grid's own cap its boxes are built and prune (fewer
+    vectors left to single chains); without it they are over the cap.  Either way B* is the exhaustive one."""
+    N = 14
+    ex, _ = _exhaustive_table(R2R, N)
+    out = {}
+    for first in (None, 10**6):
+        stats: dict = {}
+        o = branch.branch_and_bound(R2R, N, boxes=True, max_box_states=60, first_box_states=first, stats=stats,
+                                    cheap_states=30, cheap_factor=1)
+        assert o.best_B == ex.best_B and o.certificate == "pruned-exact"
+        out[first] = (stats, o)
+    small, big = out[None][0], out[10**6][0]
+    assert small.get("boxes_too_large", 0) > big.get("boxes_too_large", 0)
+    assert big.get("boxes_pruned", 0) > small.get("boxes_pruned", 0)
+    assert out[10**6][1].evaluated < out[None][1].evaluated

@@ -74,19 +74,37 @@ def _guided_start(spec: SystemSpec, N: int, kw) -> tuple[int, ...]:
         return _default_start(N, M=spec.M)
 
 
+def _eval_or_none(args):
+    """One vector's :class:`Evaluation`, or None when its chain is over ``kw``'s ``max_states`` (a task)."""
+    spec, N, B, kw = args
+    try:
+        return evaluate_many(spec, [(N, B)], **kw)[0]
+    except StateSpaceTooLarge:
+        return None
+
+
+def _evaluate_each(spec, N, todo, executor, kw) -> list:
+    """Each vector's :class:`Evaluation` or None (over the state budget), in order; on ``executor`` (one task
+    a vector) when given, else here."""
+    from tr_core.parallel import map_tasks
+
+    return map_tasks(_eval_or_none, [(spec, N, B, kw) for B in todo], executor=executor)
+
+
 def _evaluate_fitting(spec, N, todo, workers, executor, kw, skipped=None) -> list:
     """``evaluate_many`` over ``todo``, leaving out (into ``skipped``, a list) the chains over the state budget."""
-    try:
-        return evaluate_many(spec, [(N, B) for B in todo], workers=workers, executor=executor, **kw)
-    except StateSpaceTooLarge:
-        out = []
-        for B in todo:
-            try:
-                out.extend(evaluate_many(spec, [(N, B)], workers=1, executor=executor, **kw))
-            except StateSpaceTooLarge:
-                if skipped is not None:
-                    skipped.append(B)
-        return out
+    if executor is None and workers > 1:
+        try:
+            return evaluate_many(spec, [(N, B) for B in todo], workers=workers, **kw)
+        except StateSpaceTooLarge:
+            pass
+    out = []
+    for B, e in zip(todo, _evaluate_each(spec, N, todo, executor, kw)):
+        if e is not None:
+            out.append(e)
+        elif skipped is not None:
+            skipped.append(B)
+    return out
 
 
 def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budget, limit) -> tuple[int, ...]:
@@ -209,10 +227,66 @@ def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) 
     return True
 
 
+def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The boxes the whole-set pass starts from: a grid of side about ``N / split`` over the thresholds, the
+    boxes with a feasible lower corner.  The whole set is never prunable (it holds B*), and a box's cost is
+    its process's build, so trying the few top levels of a bisection only wastes it."""
+    side = max(1, -(-N // max(1, int(split))))
+    out = []
+    for corner in itertools.product(*[range(1, N + 1, side)] * M):
+        if F.is_feasible(corner, N):
+            out.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
+    return out
+
+
+# the whole-set pass shares its first-grid boxes out to the search's local worker processes from this N on
+# (each box and its bisection depend only on the incumbent, fixed during the pass); below, the pass takes
+# seconds, less than starting the workers and loading their kernels
+PARALLEL_BOX_N = 128
+
+
+def _box_part(payload):
+    """Worker task of :func:`_box_pass_parallel`: the pass over some first-grid boxes, with its own records."""
+    spec, N, best, by_B, cands, kw, grid, opts = payload
+    pruned_set: set = set()
+    pruned: list = []
+    known: dict = {}
+    failed: list = []
+    stats: dict = {}
+    _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, known=known, failed=failed, stats=stats,
+              grid=grid, deadline=None, **opts)
+    return pruned, known, failed, stats
+
+
+def _box_pass_parallel(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, executor, stats: dict,
+                       known: dict, failed: list, split: int, **opts) -> None:
+    """:func:`_box_pass` with its first-grid boxes shared out to ``executor``'s workers (one task a box,
+    the smallest thresholds, whose processes are the largest, first), merged as the one pass would have
+    recorded them: what is pruned, and by what, depends only on each box and the incumbent ``best``."""
+    from tr_core.parallel import map_tasks
+
+    grid = first_grid_boxes(N, spec.M, split)
+    payloads = [(spec, N, best, by_B, cands, kw, [box], dict(opts, split=split)) for box in grid]
+    order = sorted(range(len(grid)), key=lambda i: (sum(grid[i][0]), i))
+    for part_pruned, part_known, part_failed, part_stats in map_tasks(_box_part, payloads, executor=executor,
+                                                                      order=order):
+        for B, name, v in part_pruned:
+            if B not in pruned_set:
+                pruned_set.add(B)
+                pruned.append((B, name, v))
+        for B, (v, name) in part_known.items():
+            if B not in known or v < known[B][0]:
+                known[B] = (v, name)
+        failed.extend(part_failed)
+        for k, v in part_stats.items():
+            stats[k] = stats.get(k, 0) + v
+
+
 def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: int, max_box_states: int,
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
-              known: dict | None = None, failed: list | None = None, first_states: int | None = None) -> None:
+              known: dict | None = None, failed: list | None = None, first_states: int | None = None,
+              grid: list | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -225,19 +299,15 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     it certifies what the search leaves unresolved).  ``failed``: a list that receives ``(lo, hi)`` of each
     box over the state cap on the first clock, or not built because it lies below one that was.
     ``first_states``: the state cap of the boxes of the first grid on the first clock (default
-    ``max_box_states``); their sub-boxes and the finer clocks keep ``max_box_states``.
+    ``max_box_states``); their sub-boxes and the finer clocks keep ``max_box_states``.  ``grid``: the boxes
+    to start from (default :func:`first_grid_boxes`; a part of it when the pass is shared out,
+    :func:`_box_pass_parallel`).
     """
     from optimizer.bounds import box_bound
 
     M = spec.M
     rtg = kw.get("round_to_grid", False)
-    # start from a grid of boxes of side about N / split: the whole set is never prunable (it holds
-    # B*), and a box's cost is its process's build, so trying the few top levels only wastes it
-    side = max(1, -(-N // max(1, int(split))))
-    todo = []
-    for corner in itertools.product(*[range(1, N + 1, side)] * M):
-        if F.is_feasible(corner, N):
-            todo.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
+    todo = list(first_grid_boxes(N, M, split) if grid is None else grid)
     todo.reverse()
     # the first grid's boxes as the loop sees them (clipped to the feasible set, below)
     first_grid = {(lo, tuple(min(h, a + N - 1 - sum(x - 1 for x in lo)) for a, h in zip(lo, hi))) for lo, hi in todo}
@@ -353,7 +423,34 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         todo.append((lo, a_hi))
 
 
-def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
+def branch_and_bound(spec: SystemSpec, N: int, *, workers: int = 1, executor=None,
+                     time_budget_s: float | None = None, **kw) -> "object":
+    """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`.
+
+    With ``workers > 1`` and no ``executor``, a search from :data:`PARALLEL_BOX_N` on holds one pool of
+    ``workers`` local processes for its whole length (the whole-set box pass shares its first-grid boxes out
+    to it, and the chains are evaluated on it a batch at a time); below, only batches of chains go to a pool
+    of their own.  The answer does not depend on it.
+    """
+    with search_pool(N, workers, executor, time_budget_s) as pool:
+        return _branch_and_bound(spec, N, workers=workers, executor=executor if pool is None else pool,
+                                 time_budget_s=time_budget_s, **kw)
+
+
+def search_pool(N: int, workers: int, executor, time_budget_s: float | None):
+    """``with search_pool(...) as pool``: one pool of ``workers`` local processes (:func:`tr_core.parallel.
+    local_pool`) held by a search at one N from :data:`PARALLEL_BOX_N` on that has workers but no executor and
+    no time budget; ``pool`` is None otherwise (nothing is started)."""
+    import contextlib
+
+    if executor is None and int(workers) > 1 and time_budget_s is None and int(N) >= PARALLEL_BOX_N:
+        from tr_core.parallel import local_pool
+
+        return local_pool(int(workers))
+    return contextlib.nullcontext(None)
+
+
+def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[int]] | None = None,
                      max_gap: float = 0.0, time_budget_s: float | None = None,
                      max_evaluations: int | None = None, start: Sequence[int] | None = None,
                      eager: bool = True, workers: int = 1, executor=None, progress=None,
@@ -362,7 +459,6 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                      stats: dict | None = None, coarse: int | None = None, fine_states: int = 30_000,
                      box_sweeps: int = 200, box_split: int | None = None, whole_pass: bool = True,
                      first_box_states: int | None = FIRST_BOX_STATES, **kw) -> "object":
-    """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`."""
     t0 = time.perf_counter()
     N = F.check_n(N)
     M = spec.M
@@ -457,6 +553,7 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                 break
             if defer:
                 new = []
+                pending = []
                 for B in todo:
                     if max_gap > 0 and _in_boxes(B, failed_boxes):
                         # certified: the box pass found this vector's box over the state cap, so its chain is
@@ -469,9 +566,11 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
                     if _below_any(B, over_cap):
                         deferred.append(B)      # deferral only postpones: it is evaluated or bounded later
                         continue
-                    try:
-                        new.extend(evaluate_many(spec, [(N, B)], workers=1, executor=executor, **ekw))
-                    except StateSpaceTooLarge:
+                    pending.append(B)
+                for B, e in zip(pending, _evaluate_each(spec, N, pending, executor, ekw)):
+                    if e is not None:
+                        new.append(e)
+                    else:
                         deferred.append(B)
                         over_cap.append(B)
             else:
@@ -507,10 +606,16 @@ def branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence[
             # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
             coarse = coarse_levels(bounder.d, bounder.dco)
         if best > -math.inf and whole_pass:
-            _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw, min_box=min_box,
-                      max_box_states=max_box_states, deadline=None if time_budget_s is None else t0 + time_budget_s,
-                      stats=stats, coarse=coarse, fine_states=fine_states, max_sweeps=box_sweeps, split=box_split,
-                      max_gap=max_gap, known=known, failed=failed_boxes, first_states=first_box_states)
+            opts = dict(min_box=min_box, max_box_states=max_box_states, coarse=coarse, fine_states=fine_states,
+                        max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states)
+            if executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N:
+                _box_pass_parallel(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
+                                   executor=executor, stats=stats, known=known, failed=failed_boxes,
+                                   split=box_split, **opts)
+            else:
+                _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
+                          deadline=None if time_budget_s is None else t0 + time_budget_s, stats=stats,
+                          split=box_split, known=known, failed=failed_boxes, **opts)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0

@@ -101,6 +101,20 @@ def check_representable(spec: SystemSpec, N: int, name: str = "N") -> None:
                                  f"more)")
 
 
+def cache_entry(cache, spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,
+                max_states: int | None = None, round_to_grid: bool = False, **_):
+    """``(cache, key)``: the result cache (a folder path or :class:`optimizer.cache.ResultCache`) and the key
+    under which :func:`evaluate_thresholds` keeps the evaluation of ``(spec, N, B)`` with these options (the
+    defaults filled in as it fills them).  Other evaluation options (``cache`` itself) are ignored."""
+    from optimizer.cache import ResultCache, evaluation_key
+
+    if not isinstance(cache, ResultCache):
+        cache = ResultCache(cache)
+    tol = dtmc.DEFAULT_TOL if tol is None else float(tol)
+    max_states = dtmc.DEFAULT_MAX_STATES if max_states is None else int(max_states)
+    return cache, evaluation_key(spec, N, tuple(B), solver, tol, max_states, round_to_grid)
+
+
 def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", tol: float | None = None,
                         max_states: int | None = None, round_to_grid: bool = False,
                         cache=None, tighten: bool = False) -> Evaluation:
@@ -125,10 +139,8 @@ def evaluate_thresholds(spec: SystemSpec, N: int, B, *, solver: str = "auto", to
         raise SpecError(str(e)) from None
     key = None
     if cache is not None:
-        from optimizer.cache import ResultCache, evaluation_key
-        if not isinstance(cache, ResultCache):
-            cache = ResultCache(cache)
-        key = evaluation_key(spec, N, Bt, solver, tol, max_states, round_to_grid)
+        cache, key = cache_entry(cache, spec, N, Bt, solver=solver, tol=tol, max_states=max_states,
+                                 round_to_grid=round_to_grid)
         hit = cache.get(key, Evaluation, expect=(int(N), Bt))
         if hit is not None and (not tighten or hit.accuracy_ok):
             return hit

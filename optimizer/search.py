@@ -88,11 +88,16 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     but rejected chain whose bound is too loose to exclude it from B*
     (:func:`optimizer.optimum.tighten_rivals`); False leaves them as found.
     """
-    opt = _optimize_thresholds(spec, N, candidates=candidates, search=search, max_gap=max_gap,
-                               time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
-                               eager=eager, policies=policies, boxes=boxes, workers=workers, executor=executor,
-                               progress=progress, **kw)
-    return tighten_rivals(spec, opt, **kw) if prove else opt
+    from optimizer.branch import search_pool
+
+    # a search at server scale holds one pool of local workers for the search and the re-solve of B*'s rivals
+    with search_pool(N, workers, executor, time_budget_s) as pool:
+        ex = executor if pool is None else pool
+        opt = _optimize_thresholds(spec, N, candidates=candidates, search=search, max_gap=max_gap,
+                                   time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
+                                   eager=eager, policies=policies, boxes=boxes, workers=workers, executor=ex,
+                                   progress=progress, **kw)
+        return tighten_rivals(spec, opt, executor=ex, **kw) if prove else opt
 
 
 def _optimize_thresholds(spec: SystemSpec, N: int, *, candidates, search, max_gap, time_budget_s, max_evaluations,

@@ -11,6 +11,7 @@ an old cache entry without bounds is tightened, not trusted.
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -227,3 +228,71 @@ def test_search_options_do_not_reach_the_re_solve(loose_first):
     stats = {}
     opt = optimize_thresholds(R2R, 8, search="pruned", stats=stats)
     assert _accuracy_of(opt)["b_star_stands"] and loose_first["tightened"] == [(1, 1)]
+
+
+def test_a_large_rival_is_bracketed_by_its_own_certificate(loose_first, monkeypatch, tmp_path):
+    """A rival at or above BRACKET_MIN_STATES gets the value-iteration bracket instead of the GTH re-solve: the
+    bound it reports covers the true error (GTH's throughput), is within ACCURACY_TOL, and is what the cache
+    keeps; the throughput itself is the search's."""
+    from tr_model.cli import _accuracy_of
+
+    monkeypatch.setattr(O, "BRACKET_MIN_STATES", 1)
+    N, rival = 8, (1, 1)
+    loose_first["targets"] = {rival}
+    cache = ResultCache(str(tmp_path / "c"))
+    opt = optimize_thresholds(R2R, N, search="exhaustive", cache=cache)
+    assert _accuracy_of(opt)["b_star_stands"] and loose_first["tightened"] == []      # no GTH re-solve
+    e = next(e for e in opt.evaluations if e.B == rival)
+    assert e.bound_method.startswith("value-iteration bracket") and e.accuracy_ok
+    exact = evaluate_thresholds(R2R, N, rival, solver="gth").throughput_tok_s
+    assert abs(e.throughput_tok_s - exact) <= e.throughput_error_bound * e.throughput_tok_s + 1e-12 * exact
+    kw = dict(solver="auto", tol=dtmc.DEFAULT_TOL, max_states=dtmc.DEFAULT_MAX_STATES, round_to_grid=False)
+    hit = cache.get(evaluation_key(R2R, N, rival, **kw), Evaluation, expect=(N, rival))
+    assert hit.accuracy_ok and hit.bound_method == e.bound_method
+
+
+@pytest.mark.parametrize("spec,N,B", [(R2R, 12, (1, 1)), (R2R, 10, (2, 6)),
+                                      (preset("r2r", [6.0, 27.9], p=0.999), 6, (1, 4)),
+                                      (preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2]), 3, (1, 1, 2))])
+def test_the_bracket_covers_the_true_throughput(spec, N, B):
+    """Whatever throughput it is handed (here one off by 1e-4), the bracket's bound covers its distance to the
+    GTH value, and for the solver's own value it is within ACCURACY_TOL."""
+    ev = evaluate_thresholds(spec, N, B)
+    exact = evaluate_thresholds(spec, N, B, solver="gth").throughput_tok_s
+    for T in (ev.throughput_tok_s, ev.throughput_tok_s * (1 + 1e-4)):
+        off = dataclasses.replace(ev, throughput_tok_s=T, throughput_error_bound=math.inf)
+        b = O.bracket_throughput(spec, off)
+        assert b is not None
+        assert abs(T - exact) <= b.throughput_error_bound * T * (1 + 1e-9)
+    assert O.bracket_throughput(spec, dataclasses.replace(ev, throughput_error_bound=math.inf)).accuracy_ok
+
+
+def test_b_star_with_a_loose_bound_of_its_own_is_tightened_first(loose_first):
+    from tr_model.cli import _accuracy_of
+
+    N = 8
+    ref = optimize_thresholds(R2R, N, search="exhaustive")
+    loose_first["targets"] = {ref.best_B}
+    raw = optimize_thresholds(R2R, N, search="exhaustive", prove=False)
+    assert not raw.best.accuracy_ok                          # the problem, reproduced
+    opt = optimize_thresholds(R2R, N, search="exhaustive")
+    assert opt.best_B == ref.best_B and opt.best.accuracy_ok and _accuracy_of(opt)["b_star_stands"]
+    assert loose_first["tightened"] == [ref.best_B]
+
+
+def test_rivals_are_re_solved_on_an_executor():
+    """The re-solve of a round's rivals on a pool of workers gives what the serial one gives."""
+    from tr_core.parallel import local_pool
+
+    ref = optimize_thresholds(R2R, 8, search="exhaustive")
+    rival = (1, 1)
+    evals = [dataclasses.replace(e, throughput_error_bound=LOOSE) if e.B == rival else e for e in ref.evaluations]
+    loose = O._optimum(8, evals, ref.seconds)
+    assert O.b_star_rivals(loose.evaluations, loose.best)
+    here = O.tighten_rivals(R2R, loose)
+    with local_pool(2) as pool:
+        there = O.tighten_rivals(R2R, loose, executor=pool)
+    for opt in (here, there):
+        e = next(e for e in opt.evaluations if e.B == rival)
+        assert e.accuracy_ok and O.b_star_rivals(opt.evaluations, opt.best) == []
+    assert [(e.B, e.throughput_tok_s) for e in here.evaluations] == [(e.B, e.throughput_tok_s) for e in there.evaluations]

@@ -151,3 +151,19 @@ def test_the_first_grid_gets_its_own_larger_cap_and_the_answer_stays_exact():
     assert small.get("boxes_too_large", 0) > big.get("boxes_too_large", 0)
     assert big.get("boxes_pruned", 0) > small.get("boxes_pruned", 0)
     assert out[10**6][1].evaluated < out[None][1].evaluated
+
+
+def test_the_whole_set_pass_shared_out_to_workers_prunes_what_the_one_pass_prunes(monkeypatch):
+    """The first-grid boxes on two worker processes: the same vectors pruned by the same boxes with the same
+    bounds, the same chains evaluated, the same B*."""
+    N = 24
+    one = branch.branch_and_bound(R2R, N, boxes=True)
+    monkeypatch.setattr(branch, "PARALLEL_BOX_N", 1)
+    calls = []
+    real = branch._box_pass_parallel
+    monkeypatch.setattr(branch, "_box_pass_parallel", lambda *a, **k: calls.append(1) or real(*a, **k))
+    two = branch.branch_and_bound(R2R, N, boxes=True, workers=2)
+    assert calls == [1]
+    assert two.best_B == one.best_B and two.certificate == one.certificate == "pruned-exact"
+    assert sorted(two.pruned_vectors) == sorted(one.pruned_vectors) and two.pruned_by == one.pruned_by
+    assert sorted(e.B for e in two.evaluations) == sorted(e.B for e in one.evaluations)

@@ -54,8 +54,9 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
     try:
         seq = range(total) if order is None else order
         futs = {}
+        spawns = own is not None or getattr(executor, "_tr_local_pool", False)
         for k in seq:
-            with _workers_ignore_sigint(own is not None and _may_spawn(own)):
+            with _workers_ignore_sigint(spawns and _may_spawn(executor)):
                 futs[executor.submit(fn, payloads[k])] = k
         done = 0
         for fut in as_completed(executor, list(futs)):
@@ -71,6 +72,32 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
             else:
                 _stop(own)
     return out
+
+
+class local_pool:
+    """``with local_pool(workers) as pool``: a pool of ``workers`` spawned processes held for a block, for
+    :func:`map_tasks` calls (``executor=pool``) that follow one another without starting processes and loading
+    kernels each time.  Its workers never see SIGINT (as :func:`map_tasks`' own pools); a block left by an
+    exception or an interrupt stops them at once (:func:`_stop`), a block that ends normally waits for them.
+    """
+
+    def __init__(self, workers: int):
+        self.workers = int(workers)
+        self.pool = None
+
+    def __enter__(self):
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+        self.pool._tr_local_pool = True
+        return self.pool
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            _stop(self.pool)
+        return False
 
 
 def _may_spawn(executor) -> bool:

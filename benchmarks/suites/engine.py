@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from . import _common
 
 TITLE = "Engine: the refactored engine next to the engine before the refactor (commit 3d0c14f), side by side"
 TOPIC = "chain speed"
@@ -110,31 +111,9 @@ sys.stdout.write("\n@@ENGINE@@" + json.dumps({"files": files, "times": times, "v
 '''
 
 
-def _git(*args, cwd=ROOT, check=True) -> str:
-    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
-    return r.stdout.strip()
-
-
 def old_worktree() -> str:
     """The worktree of the old engine: reused when it is a clean checkout of OLD_COMMIT, else made again."""
-    sha = _git("rev-parse", "--verify", OLD_COMMIT + "^{commit}")
-    path = os.path.join(tempfile.gettempdir(), f"tr-engine-baseline-{sha[:10]}")
-    _git("worktree", "prune")   # registrations whose folders are gone
-    registered = _git("worktree", "list", "--porcelain").splitlines()
-    is_registered = f"worktree {path}" in registered
-    if os.path.isdir(path) and is_registered:
-        head = _git("rev-parse", "HEAD", cwd=path, check=False)
-        dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=path, check=False)
-        if head == sha and not dirty:
-            return path
-    if is_registered:
-        _git("worktree", "remove", "--force", path)
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    _git("worktree", "add", "--detach", path, sha)
-    return path
+    return _common.worktree(OLD_COMMIT, "tr-engine-baseline")
 
 
 def _run(argv, env, cwd) -> tuple[int, str, str, float, float]:

@@ -227,6 +227,15 @@ def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) 
     return True
 
 
+def _clip(N: int, lo, hi):
+    """The box's top corner cut to the feasible set (``B_j - 1 <= N - 1 - sum_{i != j} (lo_i - 1)``), or None
+    when even its bottom corner is infeasible."""
+    slack = N - 1 - sum(x - 1 for x in lo)
+    if slack < 0:
+        return None
+    return tuple(min(h, a + slack) for a, h in zip(lo, hi))
+
+
 def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """The boxes the whole-set pass starts from: a grid of side about ``N / split`` over the thresholds, the
     boxes with a feasible lower corner.  The whole set is never prunable (it holds B*), and a box's cost is
@@ -309,8 +318,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     rtg = kw.get("round_to_grid", False)
     todo = list(first_grid_boxes(N, M, split) if grid is None else grid)
     todo.reverse()
-    # the first grid's boxes as the loop sees them (clipped to the feasible set, below)
-    first_grid = {(lo, tuple(min(h, a + N - 1 - sum(x - 1 for x in lo)) for a, h in zip(lo, hi))) for lo, hi in todo}
+    # the first grid's boxes as the loop sees them (clipped to the feasible set)
+    first_grid = {(lo, _clip(N, lo, hi)) for lo, hi in todo}
     # per clock, the processes of the boxes on the current path of the bisection: a box's process is
     # cut out of the innermost one holding it (optimizer.bounds.box_bound, parent=), not enumerated again
     kept: dict[int, list] = {}
@@ -337,11 +346,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         if deadline is not None and time.perf_counter() > deadline:
             return
         lo, hi = todo.pop()
-        # clip: B_j - 1 <= N - 1 - sum_{i != j} (lo_i - 1)
-        slack = N - 1 - sum(x - 1 for x in lo)
-        if slack < 0:
+        hi = _clip(N, lo, hi)
+        if hi is None:
             continue
-        hi = tuple(min(h, l + slack) for l, h in zip(lo, hi))
         for stack in kept.values():
             while stack and not stack[-1].holds(N, lo, hi, stack[-1].coarse):
                 stack.pop()

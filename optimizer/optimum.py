@@ -233,6 +233,8 @@ def tighten_rivals(spec: SystemSpec, opt: Optimum, *, max_rounds: int = 4, execu
     (solver, tol, cache, ...); a ``solver`` more effort cannot help (``gth``, ``direct``, ``power``)
     returns ``opt`` unchanged.
     """
+    from tr_core.parallel import map_tasks
+
     if kw.get("solver", "auto") not in TIGHTENABLE or not opt.evaluations:
         return opt
     # the evaluation's own options only (a search's options, e.g. the pruned search's stats=, pass through kw)
@@ -250,7 +252,6 @@ def tighten_rivals(spec: SystemSpec, opt: Optimum, *, max_rounds: int = 4, execu
         if not todo:
             break
         tried.update(tuple(e.B) for e in todo)
-        from tr_core.parallel import map_tasks
         done = map_tasks(_tighten_one, [(spec, opt.N, e, kw) for e in todo], executor=executor)
         new = {tuple(e.B): e for e in done}
         evals = [new.get(tuple(e.B), e) for e in evals]

@@ -8,6 +8,7 @@ always come back in task order, so they do not depend on the parallelism.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from typing import Callable, Sequence
 
 
@@ -20,7 +21,6 @@ def as_completed(executor, futures):
             return dask_as_completed(futures)
     except ImportError:
         pass
-    import concurrent.futures as cf
     return cf.as_completed(futures)
 
 
@@ -46,7 +46,6 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
         return out
     own = None
     if executor is None:
-        import concurrent.futures as cf
         import multiprocessing as mp
         own = executor = cf.ProcessPoolExecutor(max_workers=min(workers, total), mp_context=mp.get_context("spawn"),
                                           initializer=initializer, initargs=initargs)
@@ -54,7 +53,7 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
     try:
         seq = range(total) if order is None else order
         futs = {}
-        spawns = own is not None or getattr(executor, "_tr_local_pool", False)
+        spawns = own is not None or isinstance(executor, _LocalPool)
         for k in seq:
             with _workers_ignore_sigint(spawns and _may_spawn(executor)):
                 futs[executor.submit(fn, payloads[k])] = k
@@ -74,6 +73,10 @@ def map_tasks(fn: Callable, payloads: Sequence, *, workers: int = 1, executor=No
     return out
 
 
+class _LocalPool(cf.ProcessPoolExecutor):
+    """A process pool made by :class:`local_pool` (its spawns, like :func:`map_tasks`' own, hide SIGINT)."""
+
+
 class local_pool:
     """``with local_pool(workers) as pool``: a pool of ``workers`` spawned processes held for a block, for
     :func:`map_tasks` calls (``executor=pool``) that follow one another without starting processes and loading
@@ -86,10 +89,8 @@ class local_pool:
         self.pool = None
 
     def __enter__(self):
-        import concurrent.futures as cf
         import multiprocessing as mp
-        self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
-        self.pool._tr_local_pool = True
+        self.pool = _LocalPool(max_workers=self.workers, mp_context=mp.get_context("spawn"))
         return self.pool
 
     def __exit__(self, exc_type, *exc):

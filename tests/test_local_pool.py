@@ -1,0 +1,37 @@
+"""tr_core.parallel.local_pool: one pool held for several map_tasks calls, stopped at once when its block fails."""
+
+import os
+
+import pytest
+
+from tr_core.parallel import local_pool, map_tasks
+
+
+def _pid_of(x):
+    return os.getpid(), x * x
+
+
+def _boom(x):
+    raise ValueError(f"task {x}")
+
+
+def test_the_pool_serves_several_calls_with_the_same_workers():
+    with local_pool(2) as pool:
+        a = map_tasks(_pid_of, [1, 2, 3, 4], executor=pool)
+        b = map_tasks(_pid_of, [5, 6, 7, 8], executor=pool, order=[3, 2, 1, 0])
+        procs = list(pool._processes.values())
+    assert [v for _, v in a] == [1, 4, 9, 16] and [v for _, v in b] == [25, 36, 49, 64]
+    pids = {p for p, _ in a + b}
+    assert os.getpid() not in pids and pids <= {p.pid for p in procs} and len(procs) <= 2
+    assert all(not p.is_alive() for p in procs)             # shut down at the end of the block
+
+
+def test_a_failing_block_stops_the_workers():
+    with pytest.raises(ValueError, match="task"):
+        with local_pool(2) as pool:
+            map_tasks(_pid_of, [1, 2], executor=pool)
+            procs = list(pool._processes.values())
+            map_tasks(_boom, [1, 2], executor=pool)
+    for p in procs:
+        p.join(5)
+    assert procs and all(not p.is_alive() for p in procs)

@@ -19,15 +19,16 @@ from dtmc.chain import (BYTES_PER_STATE, BYTES_PER_TRANSITION, DEFAULT_MAX_STATE
 from dtmc.lowering import LoweredSystem, lower_arrays, lower_system, outcome_table
 from dtmc.reward import arrival_rate_per_quantum, mean_waiting, throughput_per_quantum
 from dtmc.solve import (ACCURACY_TARGET, ACCURACY_TOL, DEFAULT_TOL, SOLVERS, SolveFailed, StationaryResult,
-                        bound_error, closed_classes, gth, residual, solver_help, stationary_distribution,
-                        throughput_bound)
+                        bound_error, bracket_error, chain_bracket, closed_classes, gth, relative_values, residual,
+                        solver_help, stationary_distribution, throughput_bound, throughput_bracket)
 
 __all__ = ["KEY_BITS", "key_bits", "max_packed_n", "LoweredSystem", "lower_system", "lower_arrays", "outcome_table",
     "Chain", "DTMCError", "StateLimitExceeded", "SolveFailed", "StationaryResult", "ChainSolution",
     "build_chain", "build_policy_chain", "solve_policy_chain", "policy_configs", "policy_keys", "state_bound",
     "stationary_distribution", "closed_classes", "residual",
     "throughput_per_quantum", "mean_waiting", "arrival_rate_per_quantum", "solve_chain", "proven_ok",
-    "bound_error", "throughput_bound", "gth", "solver_help", "ACCURACY_TARGET", "ACCURACY_TOL",
+    "bound_error", "throughput_bound", "throughput_bracket", "chain_bracket", "relative_values", "bracket_error",
+    "gth", "solver_help", "ACCURACY_TARGET", "ACCURACY_TOL",
     "SOLVERS", "DEFAULT_TOL", "DEFAULT_MAX_STATES", "DEFAULT_MAX_TRANSITIONS", "BYTES_PER_STATE", "BYTES_PER_TRANSITION",
 ]
 
@@ -112,7 +113,8 @@ def solve_policy_chain(P, C, d, N, states, launch, caps=None, *, solver: str = "
 
 def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0, tighten: bool = False) -> ChainSolution:
     t0 = time.perf_counter()
-    st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0, tighten=tighten)
+    st = stationary_distribution(chain.T, solver=solver, tol=tol, x0=x0, tighten=tighten,
+                                 rewards=(chain.g, chain.tau))
     pi = st.pi
     thr = throughput_per_quantum(pi, chain.g, chain.tau)
     mw = mean_waiting(pi, chain.tau, chain.waiting)
@@ -127,6 +129,13 @@ def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0, tight
         thr_bound = _ratio_bound(pi, st.abs_error, st.log_bound, chain.g, chain.tau, st.n_recurrent)
     else:
         thr_bound = throughput_bound(st.error_bound, st.n_recurrent)
+    how = st.bound_method
+    if st.throughput_bracket is not None:
+        # the relative-value bracket bounds the throughput alone (pi_error_bound keeps the pi bound); it is
+        # proven, so it also replaces an estimate from two GTH orders
+        b = bracket_error(st.throughput_bracket, thr)
+        if b < thr_bound or (st.pi_alt is not None and np.isfinite(b)):
+            thr_bound, how = b, "relative-value bracket (throughput)"
     t1 = time.perf_counter()
     return ChainSolution(N=chain.N, B=chain.B, throughput_per_quantum=thr, mean_waiting=mw,
                          arrival_rate_per_quantum=lam, states=chain.n_states, transitions=chain.n_transitions,
@@ -136,4 +145,4 @@ def _solve_built(chain: Chain, solver: str, tol: float, keep_pi: bool, x0, tight
                          bytes_used=chain.bytes_used, pi=pi if keep_pi else None,
                          pi_error_bound=st.error_bound,
                          throughput_error_bound=thr_bound,
-                         bound_method=st.bound_method)
+                         bound_method=how)

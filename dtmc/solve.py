@@ -81,6 +81,7 @@ and many GiB.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,13 @@ POLISH_ABOVE = ACCURACY_TOL
 POLISH_SWEEPS = 16
 TIGHT_POLISH_SWEEPS = 512
 GTH_TIGHT_WORK = 2e11
+# An iterate whose pi bound leaves the throughput error above ACCURACY_TOL (ACCURACY_TARGET with ``tighten``)
+# gets the relative-value bracket of its throughput (throughput_bracket: one sparse LU solve of the Poisson
+# equation) before any GTH re-solve, up to BRACKET_MAX_STATES states (BRACKET_TIGHT_STATES with ``tighten``).
+# Measured on R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 256: 0.2-0.3 s at 23,000-30,000 states against 1e-3
+# left by the tree bound, 32 s at 630,000 states.
+BRACKET_MAX_STATES = 200_000
+BRACKET_TIGHT_STATES = 700_000
 # skyline bytes per stored entry: the double elimination keeps 2 x 8, the extended-exponent one (used
 # when the first underflows) 2 x (8 + 4)
 GTH_BYTES_PER_ENTRY = 24
@@ -153,6 +161,9 @@ class StationaryResult:
     # |pi_j - y_j| <= abs_error_j (None for the other bounds, where log_bound bounds pi itself)
     log_bound: float = float("inf")
     abs_error: np.ndarray | None = None
+    # certified (lower, upper) on sum(pi g) / sum(pi tau) from throughput_bracket, when the solve was given
+    # the rewards and its pi bound left the throughput loose (None otherwise)
+    throughput_bracket: tuple | None = None
 
 
 def closed_classes(T: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -201,7 +212,7 @@ def _power(T: sp.csr_matrix, tol: float, max_iter: int) -> tuple[np.ndarray, int
 
 def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float = DEFAULT_TOL,
                             max_sweeps: int = 5_000, x0: np.ndarray | None = None,
-                            tighten: bool = False) -> StationaryResult:
+                            tighten: bool = False, rewards=None) -> StationaryResult:
     """Stationary distribution of the chain restricted to its unique closed class, with an error bound.
 
     ``T`` must be row-stochastic.  ``x0`` (optional) warm-starts the iterative
@@ -215,7 +226,12 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     (:func:`polish`, at most ``POLISH_SWEEPS``).
     ``tighten``: more effort for a result whose bound matters (a search's
     rival of B*): up to ``TIGHT_POLISH_SWEEPS`` sweeps, and ``auto`` runs GTH
-    up to ``GTH_TIGHT_WORK``.  Raises :class:`DTMCError` when the
+    up to ``GTH_TIGHT_WORK``.  ``rewards``: ``(g, tau)`` per state (the
+    chain's reward and holding time); with them an iterative solve whose pi
+    bound leaves the throughput ``g/tau`` error above ``ACCURACY_TOL`` also
+    gets :func:`throughput_bracket` (``throughput_bracket`` of the result;
+    with ``auto``, a bracket within ``ACCURACY_TARGET`` replaces the GTH
+    re-solve).  Raises :class:`DTMCError` when the
     chain has several closed classes or the solver is unknown.
     """
     if solver not in SOLVERS:
@@ -233,12 +249,16 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     TT.sort_indices()
     # int64 index arrays once, so the kernels (iteration, bound, residual) do not each copy them
     sub, TT = _with_i64(sub), _with_i64(TT)
+    rw = None
+    if rewards is not None:
+        rw = tuple(np.asarray(v, dtype=np.float64) for v in rewards)
+        rw = rw if rec.size == n else (rw[0][rec], rw[1][rec])
     pi_sub, used, iters, log_bound, how, extra = _solve_irreducible(
         sub, TT, solver, tol, max_sweeps, None if x0 is None else np.asarray(x0, dtype=np.float64)[rec],
-        tighten=tighten)
+        tighten=tighten, rewards=rw)
     pi = np.zeros(n)
     pi[rec] = pi_sub
-    alt, err = extra
+    alt, err, bracket = extra
     pi_alt = abs_err = None
     bound = float(np.expm1(log_bound))
     if alt is not None:
@@ -256,7 +276,8 @@ def stationary_distribution(T: sp.csr_matrix, solver: str = "auto", tol: float =
     return StationaryResult(pi=pi, residual=res, solver=used, iterations=iters,
                             seconds=time.perf_counter() - t0, n_recurrent=int(rec.size),
                             n_transient=int(n - rec.size), error_bound=bound, bound_method=how,
-                            pi_alt=pi_alt, log_bound=float(log_bound), abs_error=abs_err)
+                            pi_alt=pi_alt, log_bound=float(log_bound), abs_error=abs_err,
+                            throughput_bracket=bracket)
 
 
 def throughput_bound(pi_error_bound: float, n: int) -> float:
@@ -439,20 +460,21 @@ def _gth_once(T, order):
 
 
 def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: float, max_sweeps: int, x0,
-                       tighten: bool = False):
-    """``(pi, solver used, iterations, log bound, bound method, (second solve or None, GTH abs. errors or None))``."""
+                       tighten: bool = False, rewards=None):
+    """``(pi, solver used, iterations, log bound, bound method, (second solve or None, GTH abs. errors or None,
+    throughput bracket or None))``; ``rewards``: ``(g, tau)`` on these states, for :func:`throughput_bracket`."""
     n = T.shape[0]
     if n == 1:
-        return np.ones(1), solver if solver != "auto" else "direct", 0, 0.0, "exact (one state)", (None, None)
+        return np.ones(1), solver if solver != "auto" else "direct", 0, 0.0, "exact (one state)", (None, None, None)
     if solver == "gth":
         x, L, how, alt, err = gth(T)
-        return x, "gth", 1, L, how, (alt, err)
+        return x, "gth", 1, L, how, (alt, err, None)
     if solver == "direct":
         x = _direct(T)
-        return x, "direct", 1, _tree_log_bound(T, TT, x), "tree bound", (None, None)
+        return x, "direct", 1, _tree_log_bound(T, TT, x), "tree bound", (None, None, None)
     if solver == "power":
         x, it = _power(T, tol, max_sweeps * 10)
-        return x, "power", it, _tree_log_bound(T, TT, x), "tree bound", (None, None)
+        return x, "power", it, _tree_log_bound(T, TT, x), "tree bound", (None, None, None)
     if solver in ("auto", "anderson"):
         x, it, res = _anderson(TT, tol, max_sweeps, x0)
         if res <= tol * x.max():
@@ -475,15 +497,18 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
                     it += k
                     used = f"{used} + {k} gauss-seidel sweeps"
             tb = throughput_bound(float(np.expm1(L)), n)
-            if solver == "anderson" or tb <= ACCURACY_TARGET:
-                return x, used, it, L, "tree bound", (None, None)
+            br = _bracket_if_loose(T, x, tb, rewards, tighten)
+            if solver == "anderson" or tb <= ACCURACY_TARGET or _bracket_error(br, x, rewards) <= ACCURACY_TARGET:
+                # (a tight bracket bounds the throughput: no GTH re-solve for it)
+                return x, used, it, L, "tree bound", (None, None, br)
             limit = GTH_MAX_WORK if tb > ACCURACY_TOL else GTH_CHEAP_WORK
             if tighten and tb > ACCURACY_TOL:
                 limit = GTH_TIGHT_WORK
             if limit == GTH_CHEAP_WORK and T.nnz > GTH_CHEAP_NNZ:
                 # a bound in (1e-9, 1e-6] on a big chain: GTH would not be cheap; skip even planning it
-                return x, used, it, L, "tree bound", (None, None)
+                return x, used, it, L, "tree bound", (None, None, br)
         else:
+            br = None
             limit = GTH_TIGHT_WORK if tighten else GTH_MAX_WORK
         # auto: the iterate is not bounded tightly enough (or did not converge): GTH where it fits
         plan = gth_plan(T)
@@ -494,23 +519,24 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
                 if used is None:
                     raise
                 # GTH failed: the iterate is kept, with its own (loose) bound; nothing is discarded
-                return x, used, it, L, "tree bound", (None, None)
+                return x, used, it, L, "tree bound", (None, None, br)
             if alt is None and not np.isfinite(Lg) and used is not None:
                 # no bound and no second GTH order: the iterate is the second, independent solve
                 alt, how = x, "estimate: GTH vs anderson"
             lg1 = float(np.expm1(Lg)) + (0.0 if err is None else 2.0 * float(err.sum()))
             if used is None or lg1 <= np.expm1(L) or alt is not None:
+                # (the bracket bounds the chain's true throughput, whichever vector is reported)
                 return (xg, f"gth (after {'anderson' if used is None else used.split(' ')[0]})", it, Lg, how,
-                        (alt, err))
+                        (alt, err, br))
         if used is not None:
-            return x, used, it, L, "tree bound", (None, None)
+            return x, used, it, L, "tree bound", (None, None, br)
         if n > DIRECT_FALLBACK_LIMIT:
             raise SolveFailed(f"Anderson-accelerated Gauss-Seidel did not reach the tolerance {tol:g} in {it} "
                               f"sweeps (relative residual {res / x.max():.3g}), and the chain ({n:,} states) "
                               f"is too large for GTH (work ceiling {plan[1]:.3g} multiply-adds) or sparse LU",
                               "loosen --tol, or use a coarser --delta-ms")
         xd = _direct(T)
-        return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", (None, None)
+        return xd, "direct (after anderson)", it, _tree_log_bound(T, TT, xd), "tree bound", (None, None, None)
     x = _start_vector(n, x0)
     sweeps, res = K.gauss_seidel(_i64(TT.indptr), _i64(TT.indices), TT.data, x, float(tol), int(max_sweeps), 10)
     if res <= tol * x.max():
@@ -518,9 +544,99 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
         if throughput_bound(float(np.expm1(L)), n) > (ACCURACY_TARGET if tighten else POLISH_ABOVE):
             x, L, k = polish(T, TT, x, L, max_sweeps=TIGHT_POLISH_SWEEPS if tighten else POLISH_SWEEPS)
             sweeps += k
-        return x, "gauss-seidel", int(sweeps), L, "tree bound", (None, None)
+        br = _bracket_if_loose(T, x, throughput_bound(float(np.expm1(L)), n), rewards, tighten)
+        return x, "gauss-seidel", int(sweeps), L, "tree bound", (None, None, br)
     raise SolveFailed(f"Gauss-Seidel did not reach the tolerance {tol:g} in {sweeps} sweeps "
                       f"(residual {res:.3g})", "loosen --tol, or use --solver auto or gth")
+
+
+def _bracket_if_loose(T: sp.csr_matrix, x: np.ndarray, tb: float, rewards, tighten: bool):
+    """:func:`throughput_bracket` of the iterate ``x`` when its pi bound leaves the throughput error ``tb``
+    above ``ACCURACY_TOL`` (``ACCURACY_TARGET`` with ``tighten``) and the chain has at most
+    ``BRACKET_MAX_STATES`` states (``BRACKET_TIGHT_STATES``); None otherwise (or without ``rewards``)."""
+    if rewards is None or not tb > (ACCURACY_TARGET if tighten else ACCURACY_TOL):
+        return None
+    if T.shape[0] > (BRACKET_TIGHT_STATES if tighten else BRACKET_MAX_STATES):
+        return None
+    return throughput_bracket(T, rewards[0], rewards[1], x)
+
+
+def _bracket_error(br, x: np.ndarray, rewards) -> float:
+    """The relative error the bracket ``br`` proves on the throughput of ``x`` (inf without one)."""
+    if br is None:
+        return float("inf")
+    return bracket_error(br, float(x @ rewards[0]) / float(x @ rewards[1]))
+
+
+def bracket_error(br, value: float) -> float:
+    """``max(value - lo, hi - value) / value`` for a certified bracket ``br = (lo, hi)`` of the true
+    throughput: a bound on the relative error of ``value`` (inf when it is not positive)."""
+    lo, hi = br
+    if not (value > 0) or not (np.isfinite(lo) and np.isfinite(hi)):
+        return float("inf")
+    return float(max(value - lo, hi - value, 0.0) / value)
+
+
+def chain_bracket(T, g: np.ndarray, tau: np.ndarray, h: np.ndarray) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` on a chain's throughput ``lam = pi g / pi tau`` from any vector ``h``.
+
+    ``T``: CSR transition matrix (rows sum to 1), ``g``/``tau``: per-state reward and holding time (tau > 0),
+    ``h``: any finite vector (best: the chain's relative values).  For the stationary ``pi``,
+    ``pi (T h - h) = 0``, so ``lam = pi (g + T h - h) / pi tau`` is a ``pi tau``-weighted mean of
+    ``D = (g + T h - h) / tau`` and lies between its min and max (over all states: the recurrent ones suffice,
+    more only widens it).  Each ``D`` is widened by the rounding of its sums.
+    """
+    h = np.asarray(h, dtype=np.float64)
+    g = np.asarray(g, dtype=np.float64)
+    tau = np.asarray(tau, dtype=np.float64)
+    D = (g + T @ h - h) / tau
+    scale = (np.abs(g) + abs(T) @ np.abs(h) + np.abs(h)) / tau
+    err = float(np.max(scale)) * 8 * np.finfo(np.float64).eps * max(1, int(T.shape[0])) ** 0.5
+    return float(np.min(D)) - err, float(np.max(D)) + err
+
+
+def relative_values(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray) -> np.ndarray:
+    """``h`` with ``g - lam tau + T h - h = 0`` and ``h = 0`` at the most probable state, by one sparse LU solve.
+
+    ``lam = pi g / pi tau`` from the given (approximate) ``pi``.  The equation is singular (``h`` is defined up
+    to a constant); the column of the reference state is replaced by a unit one, whose unknown absorbs the
+    inconsistency an approximate ``lam`` leaves.  :func:`chain_bracket` is valid whatever ``h`` is, so an
+    inaccurate ``h`` only widens it; a failed solve returns zeros (the widest bracket, still valid).
+    """
+    n = T.shape[0]
+    pi = np.asarray(pi, dtype=np.float64)
+    lam = float(pi @ g) / float(pi @ tau)
+    r = np.asarray(g, dtype=np.float64) - lam * np.asarray(tau, dtype=np.float64)
+    ref = int(np.argmax(pi))
+    A = (sp.identity(n, format="csr") - T).tocsc()
+    A.sort_indices()
+    s, e = int(A.indptr[ref]), int(A.indptr[ref + 1])
+    at = s + np.flatnonzero(A.indices[s:e] == ref)
+    A.data[s:e] = 0.0
+    if at.size == 1:
+        A.data[at] = 1.0
+    else:   # no stored diagonal entry in that column (never for a chain with a transition out of ref)
+        A = A.tolil()
+        A[ref, ref] = 1.0
+        A = A.tocsc()
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", spla.MatrixRankWarning)   # singular: checked below
+            h = spla.spsolve(A, r)
+    except Exception:  # singular (several classes): the bracket stays valid with h = 0
+        return np.zeros(n)
+    if not np.all(np.isfinite(h)):
+        return np.zeros(n)
+    h[ref] = 0.0
+    return h
+
+
+def throughput_bracket(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray) -> tuple[float, float]:
+    """Certified ``(lower, upper)`` on the throughput of an irreducible chain: :func:`chain_bracket` with the
+    relative values of :func:`relative_values` (from the approximate ``pi``).  Its width is set by the residual
+    of one LU solve of the Poisson equation, the same at every state, so it stays tight where a bound on
+    every component of ``pi`` cannot be (the improbable states of a large, slowly mixing chain)."""
+    return chain_bracket(T, g, tau, relative_values(T, g, tau, pi))
 
 
 def polish(T: sp.csr_matrix, TT: sp.csr_matrix, x: np.ndarray, log_bound: float,

@@ -37,8 +37,10 @@ waits) and loose above; the gap it leaves is the waiting the chain computes.
 
 (the max/min over the recurrent class suffice; over all states is safe),
 because ``pi (T h - h) = 0`` for the stationary ``pi`` and ``T(B) = pi g / pi
-tau``: :func:`chain_bracket`.  With ``h`` from a converged solve the bracket
-is tight; it turns an iterate into a certified interval.
+tau``: :func:`dtmc.chain_bracket` (the rule lives with the chain's solve, which
+applies it to every loose iterate: :func:`dtmc.throughput_bracket`).  With
+``h`` from a converged solve the bracket is tight; it turns an iterate into a
+certified interval.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dtmc import chain_bracket, relative_values  # noqa: F401  (bound 2: the rule lives in dtmc.solve)
 from tr_core.spec import SystemSpec
 
 # relative slack added to LP optima: the LP solver's rounding must never make a bound too small
@@ -115,47 +118,6 @@ def no_wait_bound(spec: SystemSpec, N: int, *, round_to_grid: bool = False, d: n
         val = float(-res.fun)
     per_quantum = val * (1.0 + LP_SLACK) + 1e-300
     return Bound(per_quantum * 1000.0 / spec.delta_ms, "no-wait")
-
-
-def chain_bracket(T, g: np.ndarray, tau: np.ndarray, h: np.ndarray) -> tuple[float, float]:
-    """Certified ``(lower, upper)`` on a chain's throughput per quantum from any vector ``h``.
-
-    ``T``: CSR transition matrix (rows sum to 1), ``g``/``tau``: per-state
-    reward and holding time, ``h``: any finite vector (best: the chain's
-    relative values).  See the module docstring for the proof.
-    """
-    h = np.asarray(h, dtype=np.float64)
-    D = (np.asarray(g, dtype=np.float64) + T @ h - h) / np.asarray(tau, dtype=np.float64)
-    # widen by the rounding of the products above (|values| * a few ulps)
-    scale = (np.abs(g) + np.abs(T) @ np.abs(h) + np.abs(h)) / tau
-    err = float(np.max(scale)) * 8 * np.finfo(np.float64).eps * max(1, int(T.shape[0])) ** 0.5
-    return float(np.min(D)) - err, float(np.max(D)) + err
-
-
-def relative_values(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray) -> np.ndarray:
-    """``h`` solving ``g - lam tau + T h - h = 0`` (up to a constant), by a sparse solve.
-
-    ``lam = pi g / pi tau``.  Used to make :func:`chain_bracket` tight; the
-    bracket is valid whatever ``h`` is, so an inaccurate ``h`` only widens it.
-    """
-    import scipy.sparse as sp
-    import scipy.sparse.linalg as spla
-
-    n = T.shape[0]
-    lam = float(pi @ g) / float(pi @ tau)
-    r = np.asarray(g, float) - lam * np.asarray(tau, float)
-    # (I - T) h = r with h[ref] = 0: replace the column of ref by a unit column
-    ref = int(np.argmax(pi))
-    A = (sp.identity(n, format="csr") - T).tolil()
-    A[:, ref] = 0.0
-    A[ref, ref] = 1.0
-    try:
-        h = spla.spsolve(A.tocsc(), r)
-    except Exception:  # singular (several classes): fall back to h = 0, the bracket stays valid
-        return np.zeros(n)
-    if not np.all(np.isfinite(h)):
-        return np.zeros(n)
-    return h
 
 
 def gap(upper: float, value: float) -> float:

@@ -157,13 +157,15 @@ def test_bounds_are_small_on_well_conditioned_chains():
 
 
 def test_unbounded_result_is_flagged_and_warned(monkeypatch, capsys, private_cache):
-    """When GTH may not run, a nearly decomposable chain keeps its unbounded iterate: JSON and stderr say so."""
+    """When neither GTH nor the throughput bracket may run, a nearly decomposable chain keeps its unbounded
+    iterate: JSON and stderr say so."""
     import json
 
     import dtmc.solve
     from tr_model import cli
     monkeypatch.setattr(dtmc.solve, "GTH_MAX_WORK", 0.0)
     monkeypatch.setattr(dtmc.solve, "GTH_CHEAP_WORK", 0.0)
+    monkeypatch.setattr(dtmc.solve, "BRACKET_MAX_STATES", 0)
     rc = cli.main(["--p", "0.999", "--L", "6.0", "27.9", "--N", "16", "--B", "1", "8", "--format", "json",
                    "--no-cache"])
     out, err = capsys.readouterr()

@@ -331,6 +331,12 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     # built: its vectors are left to the later passes (evaluated, deferred or bounded one by one).  Only
     # cost depends on this; a box not tried is never pruned.
     failed_tops: list = []
+    # on each finer clock, the boxes over the cap there: a sub-box that shares such a box's bottom corner
+    # holds its smallest thresholds, and is not built on that clock (nor on the finer ones, whose processes
+    # are larger still).  At N = 256 each such build costs 9-12 s before it stops at the cap, and those
+    # sub-boxes were over it too (cost only, as above; a sub-box lies in its first-grid box, so a pass shared
+    # out a first-grid box per task skips the same ones)
+    finer_failed: dict = {}
     if root_states and levels0 and todo:
         # one process of the whole feasible box on the first (coarsest) clock: every box is cut out of it
         # (mdp_restrict) instead of enumerated on its own; at large N a box's process is nearly as large as
@@ -380,6 +386,10 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                     cap = min(cap, max(2_000, int(30_000 * left)))
                 if c == 1 and r is not None and r.states * 3 > cap:
                     break      # the fine process has several times the coarse one's states: too large
+                if c != levels[0] and any(lo == flo and all(h <= fh for h, fh in zip(hi, fhi))
+                                          for flo, fhi in finer_failed.get(c, ())):
+                    stats["finer_skipped"] = stats.get("finer_skipped", 0) + 1
+                    break
                 stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
                 target = best / (1.0 - max_gap) if max_gap > 0 else best
                 stack = kept.setdefault(c, [])
@@ -394,6 +404,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                         failed_tops.append(hi)
                         if failed is not None:
                             failed.append((lo, hi))
+                    else:
+                        finer_failed.setdefault(c, []).append((lo, hi))
                     break      # the finer clocks' processes are larger still
                 if r.status == "ok" and (r.upper_tok_s < best * (1.0 - TIE_RTOL)
                                          or (max_gap > 0 and r.upper_tok_s <= best / (1.0 - max_gap))):

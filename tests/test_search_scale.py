@@ -167,3 +167,17 @@ def test_the_whole_set_pass_shared_out_to_workers_prunes_what_the_one_pass_prune
     assert two.best_B == one.best_B and two.certificate == one.certificate == "pruned-exact"
     assert sorted(two.pruned_vectors) == sorted(one.pruned_vectors) and two.pruned_by == one.pruned_by
     assert sorted(e.B for e in two.evaluations) == sorted(e.B for e in one.evaluations)
+
+
+def test_a_sub_box_sharing_the_corner_of_a_box_over_the_cap_on_a_finer_clock_is_not_built_there():
+    """A cap that the finer clocks' processes exceed: the sub-boxes that share such a box's bottom corner skip
+    that clock (no build), and the answer and every pruned vector's bound stay as proven."""
+    N = 24
+    ex, table = _exhaustive_table(R2R, N)
+    stats: dict = {}
+    o = branch.branch_and_bound(R2R, N, boxes=True, max_box_states=400, first_box_states=10**6, stats=stats,
+                                cheap_states=30, cheap_factor=1)
+    assert stats.get("finer_skipped", 0) > 0
+    assert o.best_B == ex.best_B and o.certificate == "pruned-exact"
+    for B, _, v in o.pruned_vectors:
+        assert v >= table[B] * (1 - 1e-9)

@@ -44,6 +44,11 @@ EAGER_FIRST_STATES = 300_000
 # that reaches them below B* (12,493 tok/s against 12,504): left unbuilt, their 8,192 vectors keep only
 # the all-policy bound, 0.8 % above.  Their sub-boxes and the finer clocks keep ``max_box_states``
 FIRST_BOX_STATES = 1_000_000
+# a box's process on the second coarse clock has up to about this many times its states on the first (R2R,
+# N = 256, slots of 30 then 12 quanta: 1.0-2.0x, and the builds that stopped at the cap came from 232,000-310,000
+# states): a box is not built on the second clock when the first's states times this exceed the cap (cost
+# only: the box is split and its parts are tried again)
+FINER_SLOT_GROWTH = 1.75
 # entries (routing outcomes x decisions) per state allowed to a box process: 60 at R2R's slots of 30 quanta
 BOX_ENTRIES_PER_STATE = 120
 
@@ -386,6 +391,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                     cap = min(cap, max(2_000, int(30_000 * left)))
                 if c == 1 and r is not None and r.states * 3 > cap:
                     break      # the fine process has several times the coarse one's states: too large
+                if c > 1 and r is not None and r.states * FINER_SLOT_GROWTH > cap:
+                    stats["finer_skipped"] = stats.get("finer_skipped", 0) + 1
+                    break      # the next coarse clock's process would be over the cap: not built
                 if c != levels[0] and any(lo == flo and all(h <= fh for h, fh in zip(hi, fhi))
                                           for flo, fhi in finer_failed.get(c, ())):
                     stats["finer_skipped"] = stats.get("finer_skipped", 0) + 1

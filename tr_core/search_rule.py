@@ -17,7 +17,7 @@ DEFAULT_SEARCH = "auto"
 # (tr_core.search_options.SearchOptions)
 GAP_SEARCHES = ("certified", "auto")
 # the relative gap between B*'s throughput and the proven upper bound at which a certified search stops
-DEFAULT_MAX_GAP = 0.005
+DEFAULT_MAX_GAP = 0.001
 # ``auto`` searches exhaustively up to this many feasible vectors (N = 20 for two models) ...
 AUTO_EXHAUSTIVE_MAX = 210
 # ... and, for two models, exactly with pruning up to this many (N = 128).  Above N = 64 the exact search

@@ -576,6 +576,110 @@ def gauss_seidel(indptr, indices, data, x, tol, max_sweeps, check_every):
 
 
 @njit(cache=True)
+def poisson_sweep(indptr, indices, data, r, ref, x):
+    """One in-place Gauss-Seidel sweep for ``h = r + T h`` (CSR of ``T``), then the shift to ``x[ref] = 0``."""
+    n = indptr.shape[0] - 1
+    for i in range(n):
+        s = r[i]
+        dg = 0.0
+        for q in range(indptr[i], indptr[i + 1]):
+            j = indices[q]
+            if j == i:
+                dg += data[q]
+            else:
+                s += data[q] * x[j]
+        if dg < 1.0:
+            x[i] = s / (1.0 - dg)
+    c = x[ref]
+    for i in range(n):
+        x[i] -= c
+
+
+@njit(cache=True)
+def poisson_spread(indptr, indices, data, r, tau, x):
+    """``max D - min D`` for ``D = (r + T x - x) / tau``: the width of the throughput bracket ``x`` gives."""
+    n = indptr.shape[0] - 1
+    lo = np.inf
+    hi = -np.inf
+    for i in range(n):
+        s = r[i] - x[i]
+        for q in range(indptr[i], indptr[i + 1]):
+            s += data[q] * x[indices[q]]
+        v = s / tau[i]
+        if v < lo:
+            lo = v
+        if v > hi:
+            hi = v
+    return hi - lo
+
+
+@njit(cache=True)
+def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_every):
+    """The relative values ``h = r + T h`` (shifted to ``h[ref] = 0``) by Gauss-Seidel sweeps accelerated by
+    Anderson mixing of memory ``m`` (:func:`anderson_mix`; ``m = 0``: plain sweeps), in place on ``x``.
+
+    ``indptr/indices/data``: the CSR arrays of ``T`` itself (row i lists the successors of state i).  The
+    equation has a solution only when ``pi r = 0``; the shift after each sweep absorbs what an approximate
+    ``r`` leaves (relative value iteration).  Every ``check_every`` sweeps the spread of
+    :func:`poisson_spread` is computed: it is the width of the throughput bracket ``x`` gives
+    (:func:`dtmc.solve.chain_bracket`), whatever ``x`` is.  A spread more than 10x the previous check's
+    restarts the history from the plain sweep.  Stops when it is <= ``tol``, or when four checks in a row
+    bring no 10 % improvement (the rounding floor, or a slowly mixing chain the caller hands to a direct
+    solve).  Returns ``(sweeps, spread)``.
+    """
+    n = indptr.shape[0] - 1
+    mm = m if m > 0 else 1
+    dX = np.zeros((mm, n), dtype=np.float64)
+    dF = np.zeros((mm, n), dtype=np.float64)
+    G = np.zeros((mm, mm), dtype=np.float64)
+    y = np.empty(n, dtype=np.float64)
+    f = np.empty(n, dtype=np.float64)
+    x_prev = np.empty(n, dtype=np.float64)
+    f_prev = np.empty(n, dtype=np.float64)
+    have_prev = False
+    filled = 0
+    spread = np.inf
+    best = np.inf
+    stalled = 0
+    sweeps = 0
+    while sweeps < max_sweeps:
+        for i in range(n):
+            y[i] = x[i]
+        poisson_sweep(indptr, indices, data, r, ref, y)
+        sweeps += 1
+        if m > 0:
+            for i in range(n):
+                f[i] = y[i] - x[i]
+            filled = anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m)
+            have_prev = True
+            c = x[ref]
+            for i in range(n):
+                x[i] -= c
+        else:
+            for i in range(n):
+                x[i] = y[i]
+        if sweeps % check_every == 0 or sweeps == max_sweeps:
+            sp = poisson_spread(indptr, indices, data, r, tau, x)
+            if m > 0 and not (sp <= 10.0 * spread):
+                for i in range(n):
+                    x[i] = y[i]
+                sp = poisson_spread(indptr, indices, data, r, tau, x)
+                filled = 0
+                have_prev = False
+            spread = sp
+            if not (spread > tol):
+                break
+            if spread < 0.9 * best:
+                best = spread
+                stalled = 0
+            else:
+                stalled += 1
+                if stalled >= 4:
+                    break
+    return sweeps, spread
+
+
+@njit(cache=True)
 def residual_max(indptr, indices, data, x):
     """``max_j |sum_i x_i T_ij - x_j|`` given the CSR arrays of ``T^T``."""
     n = indptr.shape[0] - 1
@@ -611,15 +715,69 @@ def gs_sweep(indptr, indices, data, diag, x):
 
 
 @njit(cache=True)
+def anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m):
+    """One Anderson step of memory ``m``, writing the mixed iterate into ``x`` (nothing clipped or scaled).
+
+    ``x``: the current iterate, ``y = G(x)``, ``f = y - x``.  The differences to the previous pair
+    (``x_prev``, ``f_prev``) enter the history ``dX``, ``dF`` (rows, a ring of ``m``) and its Gram matrix
+    ``G``; the step solves the small regularised normal equations ``(dF^T dF) gamma = dF^T f`` and sets
+    ``x = y - (dX + dF) gamma`` (``x = y`` while the history is empty); ``x_prev``, ``f_prev`` become the
+    current pair.  Returns the new count of history rows filled.
+    """
+    n = x.shape[0]
+    if have_prev:
+        col = filled % m
+        for j in range(n):
+            dX[col, j] = x[j] - x_prev[j]
+            dF[col, j] = f[j] - f_prev[j]
+        filled += 1
+        k = filled if filled < m else m
+        for a in range(k):
+            s = 0.0
+            for j in range(n):
+                s += dF[a, j] * dF[col, j]
+            G[a, col] = s
+            G[col, a] = s
+    for j in range(n):
+        x_prev[j] = x[j]
+        f_prev[j] = f[j]
+    k = filled if filled < m else m
+    if k == 0:
+        for j in range(n):
+            x[j] = y[j]
+        return filled
+    A = np.empty((k, k), dtype=np.float64)
+    rhs = np.empty(k, dtype=np.float64)
+    tr = 0.0
+    for a in range(k):
+        tr += G[a, a]
+    for a in range(k):
+        for b in range(k):
+            A[a, b] = G[a, b]
+        A[a, a] += 1e-12 * tr + 1e-300
+        s = 0.0
+        for j in range(n):
+            s += dF[a, j] * f[j]
+        rhs[a] = s
+    gamma = np.linalg.solve(A, rhs)
+    for j in range(n):
+        v = y[j]
+        for a in range(k):
+            v -= (dX[a, j] + dF[a, j]) * gamma[a]
+        x[j] = v
+    return filled
+
+
+@njit(cache=True)
 def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
     """Gauss-Seidel sweeps accelerated by Anderson mixing (memory ``m``), in place on ``x``.
 
     With the fixed-point map ``G`` = one sweep + renormalisation and
     ``f_k = G(x_k) - x_k``, each step solves the small regularised normal
     equations ``(dF^T dF) gamma = dF^T f_k`` over the last ``m`` differences
-    and sets ``x_{k+1} = G(x_k) - (dX + dF) gamma``, clipped at zero and
-    renormalised.  Every ``check_every`` steps the residual of the iterate is
-    checked.
+    and sets ``x_{k+1} = G(x_k) - (dX + dF) gamma`` (:func:`anderson_mix`),
+    clipped at zero and renormalised.  Every ``check_every`` steps the
+    residual of the iterate is checked.
     A residual more than 10x the previous check's restarts the history.
     Stops when ``max_j |(xT)_j - x_j| <= tol * max(x)``, or when four checks
     in a row bring no 10% improvement (the residual has reached the floor
@@ -649,57 +807,21 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
         it += 1
         for j in range(n):
             f[j] = y[j] - x[j]
-        if have_prev:
-            col = filled % m
-            for j in range(n):
-                dX[col, j] = x[j] - x_prev[j]
-                dF[col, j] = f[j] - f_prev[j]
-            filled += 1
-            k = filled if filled < m else m
-            for a in range(k):
-                s = 0.0
-                for j in range(n):
-                    s += dF[a, j] * dF[col, j]
-                G[a, col] = s
-                G[col, a] = s
-        for j in range(n):
-            x_prev[j] = x[j]
-            f_prev[j] = f[j]
+        mixed = have_prev     # with no history the step is the plain sweep, kept as it is
+        filled = anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m)
         have_prev = True
-        k = filled if filled < m else m
-        if k > 0:
-            A = np.empty((k, k), dtype=np.float64)
-            rhs = np.empty(k, dtype=np.float64)
-            tr = 0.0
-            for a in range(k):
-                tr += G[a, a]
-            for a in range(k):
-                for b in range(k):
-                    A[a, b] = G[a, b]
-                A[a, a] += 1e-12 * tr + 1e-300
-                s = 0.0
-                for j in range(n):
-                    s += dF[a, j] * f[j]
-                rhs[a] = s
-            gamma = np.linalg.solve(A, rhs)
+        if mixed:
             tot = 0.0
             for j in range(n):
-                v = y[j]
-                for a in range(k):
-                    v -= (dX[a, j] + dF[a, j]) * gamma[a]
-                if v < 0.0:
-                    v = 0.0
-                x[j] = v
-                tot += v
+                if x[j] < 0.0:
+                    x[j] = 0.0
+                tot += x[j]
             if tot > 0.0 and np.isfinite(tot):
                 for j in range(n):
                     x[j] /= tot
             else:
                 for j in range(n):
                     x[j] = y[j]
-        else:
-            for j in range(n):
-                x[j] = y[j]
         if it % check_every == 0:
             r_acc = residual_max(indptr, indices, data, x)
             if not (r_acc <= 10.0 * res):

@@ -97,3 +97,48 @@ def test_one_rule_for_the_bracket():
     """optimizer.bounds re-exports the solve's bracket (one rule, in dtmc.solve)."""
     from optimizer.bounds import chain_bracket, relative_values
     assert chain_bracket is dtmc.chain_bracket and relative_values is dtmc.relative_values
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("memory", [0, 4])
+def test_iterated_relative_values_give_a_bracket_that_holds_the_truth(seed, memory, monkeypatch):
+    """Random two-model systems, plain and Anderson-mixed relative value iteration: the bracket of the
+    iterated h holds GTH's throughput at every sweep count (one sweep: wide, still valid), and a converged
+    iteration is as tight as the LU solve's."""
+    monkeypatch.setattr(dtmc.solve, "BRACKET_GS_MEMORY", memory)
+    rng = np.random.default_rng(100 + seed)
+    p = float(rng.uniform(0.05, 0.95))
+    L = sorted(round(float(x), 1) for x in rng.uniform(0.3, 3.0, size=2))
+    spec = preset("r2r", L, p=p)
+    N = int(rng.integers(2, 10))
+    B = (int(rng.integers(1, N + 1)), 1)
+    ch = _chain(spec, N, B)
+    exact = _gth_throughput(ch)
+    pi = dtmc.stationary_distribution(ch.T, solver="gth").pi
+    for sweeps in (1, 3, 600):
+        h = dtmc.relative_values(ch.T, ch.g, ch.tau, pi, method="gauss-seidel", max_sweeps=sweeps)
+        lo, hi = dtmc.chain_bracket(ch.T, ch.g, ch.tau, h)
+        assert lo <= exact * (1 + 1e-12) and exact <= hi * (1 + 1e-12)
+    lu = dtmc.chain_bracket(ch.T, ch.g, ch.tau, dtmc.relative_values(ch.T, ch.g, ch.tau, pi))
+    assert (hi - lo) / exact <= max(1e-9, 10 * (lu[1] - lu[0]) / exact)
+
+
+def test_slow_iteration_falls_back_to_the_lu_and_intersects(monkeypatch):
+    """With the iteration allowed one sweep, the bracket is the LU's (intersected with the wide iterated
+    one): as tight as the LU alone, and holding the exact value."""
+    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    ch = _chain(spec, 24, (2, 12))
+    pi = dtmc.stationary_distribution(ch.T, solver="gth").pi
+    exact = _gth_throughput(ch)
+    monkeypatch.setattr(dtmc.solve, "BRACKET_GS_SWEEPS", 1)
+    lo, hi = dtmc.throughput_bracket(ch.T, ch.g, ch.tau, pi)
+    wide = dtmc.chain_bracket(ch.T, ch.g, ch.tau, dtmc.relative_values(ch.T, ch.g, ch.tau, pi, method="gauss-seidel",
+                                                                       max_sweeps=1))
+    assert dtmc.bracket_error(wide, exact) > 1e-6          # one sweep alone would not do
+    assert lo <= exact <= hi and dtmc.bracket_error((lo, hi), exact) <= 1e-9
+
+
+def test_relative_values_refuses_an_unknown_method():
+    ch = _chain(preset("r2r", [6.0, 27.9], p=0.35), 4, (1, 2))
+    with pytest.raises(ValueError, match="method"):
+        dtmc.relative_values(ch.T, ch.g, ch.tau, np.full(ch.T.shape[0], 1.0 / ch.T.shape[0]), method="cg")

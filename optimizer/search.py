@@ -199,7 +199,8 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
             search == "auto" and resolve_auto(spec.M, F.count_feasible(max(order), spec.M),
                                               time_budget_s=time_budget_s) != "exhaustive")
         policy_bound_n = min(max(order), 12) if needs else 0
-    policy_ns = _policy_levels(spec, policy_bound_n, max(order)) if policy_bound_n and policy_bound_n > 0 else ()
+    policy_ns = (_policy_levels(spec, policy_bound_n, max(order), max_gap=max_gap, time_budget_s=time_budget_s)
+                 if policy_bound_n and policy_bound_n > 0 else ())
     # a local pool's workers solve the all-policy bound themselves (the same table in each: the result does
     # not depend on who solved it), so that its kernels compile beside the chain's, not before the pool
     local_pool = executor is None and workers > 1 and len(order) > 1
@@ -243,17 +244,24 @@ def _proved(spec: SystemSpec, opt: Optimum, prove: bool, kw: dict) -> Optimum:
 # above this N (two models) the scaled bound of n = 12 leaves about 2 % at N = 256, and a second level of
 # the all-policy table is solved: n = 64 leaves 0.8 % (476,385 states, about 8 s on one core; n = 96 would
 # leave 0.7 % for 22 s).  Measured on R2R (p = 0.35, L = 6.0 / 27.9 ms), experiments/LOG.md "search".
+# A bound that leaves 0.8 % prunes nothing in a search asked for a smaller gap, and the box pass certifies
+# such a search without it: the level is solved only from SERVER_POLICY_GAP up, or for a search with a time
+# budget (which may stop with vectors left to the table's bound).
 SERVER_POLICY_FROM_N = 128
 SERVER_POLICY_N = 64
+SERVER_POLICY_GAP = 0.005
 
 
-def _policy_levels(spec: SystemSpec, n: int, largest: int) -> tuple[int, ...]:
+def _policy_levels(spec: SystemSpec, n: int, largest: int, *, max_gap: float = SERVER_POLICY_GAP,
+                   time_budget_s: float | None = None) -> tuple[int, ...]:
     """The concurrencies at which the all-policy table is solved for a sweep up to ``largest``: ``n``,
-    and :data:`SERVER_POLICY_N` for a two-model sweep past :data:`SERVER_POLICY_FROM_N` whose bound scales."""
+    and :data:`SERVER_POLICY_N` for a two-model sweep past :data:`SERVER_POLICY_FROM_N` whose bound scales,
+    asked for a gap of at least :data:`SERVER_POLICY_GAP` or with a time budget."""
     from optimizer.bounds import scaling_valid
 
     ns = [int(n)]
     if (spec.M == 2 and int(largest) > SERVER_POLICY_FROM_N and SERVER_POLICY_N > n
+            and (max_gap >= SERVER_POLICY_GAP or time_budget_s is not None)
             and scaling_valid(spec, int(largest))):
         ns.append(SERVER_POLICY_N)
     return tuple(ns)

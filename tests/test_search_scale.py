@@ -131,6 +131,9 @@ def test_server_scale_sweeps_solve_a_second_all_policy_level():
     from optimizer import search
     assert search._policy_levels(R2R, 12, 256) == (12, search.SERVER_POLICY_N)
     assert search._policy_levels(R2R, 12, 128) == (12,)
+    # a gap below what the level leaves: not solved, unless a time budget may leave vectors to its bound
+    assert search._policy_levels(R2R, 12, 256, max_gap=0.001) == (12,)
+    assert search._policy_levels(R2R, 12, 256, max_gap=0.001, time_budget_s=60.0) == (12, search.SERVER_POLICY_N)
     me = preset("me", [6.0, 15.0, 27.9], weights=[0.5, 0.3, 0.2])
     assert search._policy_levels(me, 12, 256) == (12,)
 

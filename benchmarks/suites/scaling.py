@@ -37,8 +37,9 @@ NOTES = ("R2R: --p 0.35 --L 6.0 27.9; R2R co-run: the same with --corun-slowdown
          "shorter than that may be missed: below peak_rss_mb on the shortest rows; the search at one N from N = "
          "128 holds a pool of one worker per core); certificate and gap as in the JSON "
          "(exhaustive, pruned-exact or certified); err_bound: the largest proven relative throughput error over "
-         "the chains of that N (a solve whose pi bound leaves the throughput above 1e-6 brackets it by the "
-         "relative values of one LU solve; rivals of B* still loose are re-solved); message: the first "
+         "the chains of that N (a solve whose pi bound leaves the throughput above 1e-6 brackets it by its "
+         "relative values, iterated, or by one LU solve where the iteration is slow; rivals of B* still loose "
+         "are re-solved); message: the first "
          "warning or error line.  Each run is limited to "
          "900 s; a row that hits it says so.")
 

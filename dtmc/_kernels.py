@@ -614,6 +614,25 @@ def poisson_spread(indptr, indices, data, r, tau, x):
 
 
 @njit(cache=True)
+def anderson_workspace(m, n):
+    """The arrays one Anderson-accelerated iteration of length ``n`` and memory ``m`` works in:
+    ``(dX, dF, G, y, f, x_prev, f_prev)`` (a memory of 0 still gets one history row, never used)."""
+    mm = m if m > 0 else 1
+    return (np.zeros((mm, n), dtype=np.float64), np.zeros((mm, n), dtype=np.float64),
+            np.zeros((mm, mm), dtype=np.float64), np.empty(n, dtype=np.float64),
+            np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64))
+
+
+@njit(cache=True)
+def stall_count(value, best, stalled):
+    """The stopping rule's bookkeeping: ``(best, stalled)`` after a check that measured ``value``; a check
+    counts as stalled unless it improves on the best so far by 10 %."""
+    if value < 0.9 * best:
+        return value, 0
+    return best, stalled + 1
+
+
+@njit(cache=True)
 def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_every):
     """The relative values ``h = r + T h`` (shifted to ``h[ref] = 0``) by Gauss-Seidel sweeps accelerated by
     Anderson mixing of memory ``m`` (:func:`anderson_mix`; ``m = 0``: plain sweeps), in place on ``x``.
@@ -628,28 +647,14 @@ def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_
     solve).  Returns ``(sweeps, spread)``.
     """
     n = indptr.shape[0] - 1
-    mm = m if m > 0 else 1
-    dX = np.zeros((mm, n), dtype=np.float64)
-    dF = np.zeros((mm, n), dtype=np.float64)
-    G = np.zeros((mm, mm), dtype=np.float64)
-    y = np.empty(n, dtype=np.float64)
-    f = np.empty(n, dtype=np.float64)
-    x_prev = np.empty(n, dtype=np.float64)
-    f_prev = np.empty(n, dtype=np.float64)
-    have_prev = False
-    filled = 0
-    spread = np.inf
-    best = np.inf
-    stalled = 0
-    sweeps = 0
+    dX, dF, G, y, f, x_prev, f_prev = anderson_workspace(m, n)
+    have_prev, filled, stalled, sweeps = False, 0, 0, 0
+    spread, best = np.inf, np.inf
     while sweeps < max_sweeps:
-        for i in range(n):
-            y[i] = x[i]
+        y[:] = x
         poisson_sweep(indptr, indices, data, r, ref, y)
         sweeps += 1
         if m > 0:
-            for i in range(n):
-                f[i] = y[i] - x[i]
             filled = anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m)
             have_prev = True
             c = x[ref]
@@ -669,13 +674,9 @@ def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_
             spread = sp
             if not (spread > tol):
                 break
-            if spread < 0.9 * best:
-                best = spread
-                stalled = 0
-            else:
-                stalled += 1
-                if stalled >= 4:
-                    break
+            best, stalled = stall_count(spread, best, stalled)
+            if stalled >= 4:
+                break
     return sweeps, spread
 
 
@@ -718,13 +719,15 @@ def gs_sweep(indptr, indices, data, diag, x):
 def anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m):
     """One Anderson step of memory ``m``, writing the mixed iterate into ``x`` (nothing clipped or scaled).
 
-    ``x``: the current iterate, ``y = G(x)``, ``f = y - x``.  The differences to the previous pair
+    ``x``: the current iterate, ``y = G(x)``; ``f`` receives the step ``y - x``.  The differences to the previous pair
     (``x_prev``, ``f_prev``) enter the history ``dX``, ``dF`` (rows, a ring of ``m``) and its Gram matrix
     ``G``; the step solves the small regularised normal equations ``(dF^T dF) gamma = dF^T f`` and sets
     ``x = y - (dX + dF) gamma`` (``x = y`` while the history is empty); ``x_prev``, ``f_prev`` become the
     current pair.  Returns the new count of history rows filled.
     """
     n = x.shape[0]
+    for j in range(n):
+        f[j] = y[j] - x[j]
     if have_prev:
         col = filled % m
         for j in range(n):
@@ -787,13 +790,7 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
     """
     n = indptr.shape[0] - 1
     diag = diagonal(indptr, indices, data)
-    dX = np.zeros((m, n), dtype=np.float64)
-    dF = np.zeros((m, n), dtype=np.float64)
-    G = np.zeros((m, m), dtype=np.float64)
-    y = np.empty(n, dtype=np.float64)
-    f = np.empty(n, dtype=np.float64)
-    x_prev = np.empty(n, dtype=np.float64)
-    f_prev = np.empty(n, dtype=np.float64)
+    dX, dF, G, y, f, x_prev, f_prev = anderson_workspace(m, n)
     have_prev = False
     filled = 0
     res = np.inf
@@ -805,8 +802,6 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
             y[j] = x[j]
         gs_sweep(indptr, indices, data, diag, y)
         it += 1
-        for j in range(n):
-            f[j] = y[j] - x[j]
         mixed = have_prev     # with no history the step is the plain sweep, kept as it is
         filled = anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m)
         have_prev = True
@@ -838,13 +833,9 @@ def anderson_gs(indptr, indices, data, x, tol, max_sweeps, m, check_every):
                     xmax = x[j]
             if res <= tol * xmax:
                 break
-            if res < 0.9 * best:
-                best = res
-                stalled = 0
-            else:
-                stalled += 1
-                if stalled >= 4:
-                    break
+            best, stalled = stall_count(res, best, stalled)
+            if stalled >= 4:
+                break
     return it, res
 
 

@@ -74,7 +74,7 @@ from dtmc._kernels import corun_at_launch
 # so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
 # that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
 # invalidates this module's cache).
-_DTMC_KERNELS_SHA = "c6e16e671559c702eeded155808d61ee2b432d84e9ba0b856d07a66d725d8f72"
+_DTMC_KERNELS_SHA = "57beb24d2487f6feacf4367aab32c3d226249102cf1be001e2db63b6da1b8485"
 
 
 class SimSystem(NamedTuple):

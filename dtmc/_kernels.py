@@ -398,6 +398,25 @@ def _build(N, B, pol_keys, pol_mask, tables, limits):
                 gs += b[i] * cbar[i]
         tau[head] = t
         g[head] = gs
+        # Every buffer this state can fill is grown here, before its loops: an array reassigned inside a
+        # loop costs numba two atomic reference-count updates per iteration (about half of a large build).
+        mmax = I1
+        for a in range(na):
+            mmax *= hi[a] - lo[a]
+        if mmax > obuf_k.shape[0]:
+            obuf_k = _grow(obuf_k, mmax)
+            obuf_p = _grow(obuf_p, mmax)
+        if n + mmax >= keys.shape[0]:
+            keys = _grow(keys, n + mmax + 1)
+            tau = _grow(tau, n + mmax + 1)
+            g = _grow(g, n + mmax + 1)
+        if n + mmax + 2 > row_ptr.shape[0]:
+            row_ptr = _grow(row_ptr, n + mmax + 2)
+        if 2 * (n + mmax) > tkeys.shape[0]:
+            cap2 = tkeys.shape[0] * 2
+            while 2 * (n + mmax) > cap2:
+                cap2 *= 2
+            tkeys, tvals = _table_rebuild(keys, n, cap2)
 
         # enumerate the joint multinomial outcomes (odometer over `done`)
         nout = 0
@@ -421,9 +440,6 @@ def _build(N, B, pol_keys, pol_mask, tables, limits):
                 got = _decide(k2, b2, r2, B, pol_keys, pol_mask, tables, M)
                 if got < 0:
                     return BAD_POLICY, n, keys, row_ptr, cols, vals, tau, g, -1 - got
-                if nout == obuf_k.shape[0]:
-                    obuf_k = _grow(obuf_k, nout + 1)
-                    obuf_p = _grow(obuf_p, nout + 1)
                 obuf_k[nout] = _encode(k2, b2, r2, M, bn, br)
                 obuf_p[nout] = p
                 nout += 1
@@ -463,16 +479,8 @@ def _build(N, B, pol_keys, pol_mask, tables, limits):
             if inserted:
                 if n >= max_states:
                     return TOO_MANY_STATES, n + 1, keys, row_ptr, cols, vals, tau, g, -1
-                if n == keys.shape[0]:
-                    keys = _grow(keys, n + 1)
-                    tau = _grow(tau, n + 1)
-                    g = _grow(g, n + 1)
-                if n + 2 > row_ptr.shape[0]:
-                    row_ptr = _grow(row_ptr, n + 2)
                 keys[n] = kk
                 n += 1
-                if 2 * n > tkeys.shape[0]:
-                    tkeys, tvals = _table_rebuild(keys, n, tkeys.shape[0] * 2)
             cols[nnz] = col
             vals[nnz] = obuf_p[o]
             nnz += 1

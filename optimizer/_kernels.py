@@ -41,7 +41,7 @@ from dtmc._kernels import _table_rebuild as _rehash
 # kernel would survive an edit of dtmc/_kernels.py.  This stamp is the sha256 of that file;
 # tests/test_kernel_copies.py fails when it is stale, and updating it edits this file, which invalidates
 # this module's cache.
-_DTMC_KERNELS_SHA = "57beb24d2487f6feacf4367aab32c3d226249102cf1be001e2db63b6da1b8485"
+_DTMC_KERNELS_SHA = "50da278a0626735ac84f6b1364c006dbce72c6322d850c3ba294f917de5180c4"
 
 class Box(NamedTuple):
     """A threshold box ``lo <= B <= hi`` (componentwise): the launch freedom of a decision process."""
@@ -842,54 +842,73 @@ def coarse_mdp_build(N, box, tables, dur, limits, ordered):
             gs += b[done[a]] * cbar[done[a]]
         tau[head] = t
         g[head] = gs
+        nu0 = nu
+        ne0 = ne
         while True:
-            p = 1.0
+            # One pass over the state's outcomes.  A buffer that is full ends the pass; it is grown out here
+            # and the pass starts again from the state's first outcome (the states it added keep their
+            # numbers, so the redone pass finds them): an array reassigned inside the outcome loop would cost
+            # numba two atomic reference-count updates per outcome (about half of the build's time).
+            nu = nu0
+            ne = ne0
             for a in range(na):
-                p *= prob[done[a], idx[a]]
-            if p > 0.0:
-                cnt = _coarse_options(k, b, r, t, done, na, idx, box, tables, dur, ordered, sc)
-                if cnt == 0:
-                    st = DEADLOCK
-                    n = head
+                idx[a] = clo[a]
+            full = False
+            cnt = 0
+            while True:
+                p = 1.0
+                for a in range(na):
+                    p *= prob[done[a], idx[a]]
+                if p > 0.0:
+                    cnt = _coarse_options(k, b, r, t, done, na, idx, box, tables, dur, ordered, sc)
+                    if cnt == 0:
+                        st = DEADLOCK
+                        n = head
+                        break
+                    if ne + cnt > max_entries:
+                        st = TOO_LARGE
+                        break
+                    if (nu + 2 >= out_prob.shape[0] or nu + 3 >= opt_ptr.shape[0] or ne + cnt > opt_idx.shape[0]
+                            or n + cnt >= keys.shape[0] or 2 * (n + cnt) > tkeys.shape[0]):
+                        full = True
+                        break
+                    out_prob[nu] = p
+                    for c2 in range(cnt):
+                        ix, ins = _find(tkeys, tvals, opts[c2], n)
+                        if ins:
+                            if n >= max_states:
+                                st = TOO_LARGE
+                                break
+                            keys[n] = opts[c2]
+                            n += 1
+                        opt_idx[ne] = ix
+                        for j in range(M):
+                            opt_w[ne * M + j] = ow[c2, j]
+                            opt_l[ne * M + j] = ol[c2, j]
+                        ne += 1
+                    if st != OK:
+                        break
+                    nu += 1
+                    opt_ptr[nu] = ne
+                if not _next_outcome(idx, clo, chi, na):
                     break
-                if ne + cnt > max_entries:
-                    st = TOO_LARGE
-                    break
-                if nu + 1 >= out_prob.shape[0]:
-                    out_prob = _grow(out_prob, nu + 2)
-                if nu + 2 >= opt_ptr.shape[0]:
-                    opt_ptr = _grow(opt_ptr, nu + 3)
-                if ne + cnt > opt_idx.shape[0]:
-                    opt_idx = _grow(opt_idx, ne + cnt)
-                    opt_w = _grow(opt_w, (ne + cnt) * M)
-                    opt_l = _grow(opt_l, (ne + cnt) * M)
-                out_prob[nu] = p
-                for c2 in range(cnt):
-                    ix, ins = _find(tkeys, tvals, opts[c2], n)
-                    if ins:
-                        if n >= max_states:
-                            st = TOO_LARGE
-                            break
-                        if n >= keys.shape[0]:
-                            keys = _grow(keys, n + 1)
-                            tau = _grow(tau, n + 1)
-                            g = _grow(g, n + 1)
-                            out_ptr = _grow(out_ptr, keys.shape[0] + 1)
-                        keys[n] = opts[c2]
-                        n += 1
-                        if 2 * n > tkeys.shape[0]:
-                            tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
-                    opt_idx[ne] = ix
-                    for j in range(M):
-                        opt_w[ne * M + j] = ow[c2, j]
-                        opt_l[ne * M + j] = ol[c2, j]
-                    ne += 1
-                if st != OK:
-                    break
-                nu += 1
-                opt_ptr[nu] = ne
-            if not _next_outcome(idx, clo, chi, na):
+            if st != OK or not full:
                 break
+            out_prob = _grow(out_prob, nu + 3)
+            opt_ptr = _grow(opt_ptr, nu + 4)
+            opt_idx = _grow(opt_idx, ne + cnt)
+            opt_w = _grow(opt_w, (ne + cnt) * M)
+            opt_l = _grow(opt_l, (ne + cnt) * M)
+            if n + cnt >= keys.shape[0]:
+                keys = _grow(keys, n + cnt + 1)
+                tau = _grow(tau, n + cnt + 1)
+                g = _grow(g, n + cnt + 1)
+                out_ptr = _grow(out_ptr, keys.shape[0] + 1)
+            if 2 * (n + cnt) > tkeys.shape[0]:
+                cap2 = tkeys.shape[0] * 2
+                while 2 * (n + cnt) > cap2:
+                    cap2 *= 2
+                tkeys, tvals = _rehash(keys, n, cap2)
         if st != OK:
             break
         head += 1

@@ -74,7 +74,7 @@ from dtmc._kernels import corun_at_launch
 # so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
 # that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
 # invalidates this module's cache).
-_DTMC_KERNELS_SHA = "57beb24d2487f6feacf4367aab32c3d226249102cf1be001e2db63b6da1b8485"
+_DTMC_KERNELS_SHA = "50da278a0626735ac84f6b1364c006dbce72c6322d850c3ba294f917de5180c4"
 
 
 class SimSystem(NamedTuple):

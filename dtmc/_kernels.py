@@ -109,6 +109,15 @@ def _table_rebuild(keys, n, capacity):
 
 
 @njit(cache=True)
+def _table_size(count, size):
+    """The hash table size (a power of two, at least twice ``size``) that holds ``count`` keys at most half full."""
+    cap = size * 2
+    while 2 * count > cap:
+        cap *= 2
+    return cap
+
+
+@njit(cache=True)
 def _grow(a, need):
     """``a`` itself, or a copy at least twice as long when it holds fewer than ``need`` items (any dtype)."""
     if need <= a.shape[0]:
@@ -413,10 +422,7 @@ def _build(N, B, pol_keys, pol_mask, tables, limits):
         if n + mmax + 2 > row_ptr.shape[0]:
             row_ptr = _grow(row_ptr, n + mmax + 2)
         if 2 * (n + mmax) > tkeys.shape[0]:
-            cap2 = tkeys.shape[0] * 2
-            while 2 * (n + mmax) > cap2:
-                cap2 *= 2
-            tkeys, tvals = _table_rebuild(keys, n, cap2)
+            tkeys, tvals = _table_rebuild(keys, n, _table_size(n + mmax, tkeys.shape[0]))
 
         # enumerate the joint multinomial outcomes (odometer over `done`)
         nout = 0

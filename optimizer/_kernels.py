@@ -32,7 +32,7 @@ from numba import njit
 from dtmc._kernels import EMPTY, I0, I1, ChainTables, _launch_mask, corun_at_launch
 from dtmc._kernels import _decode as _unpack
 from dtmc._kernels import _encode as _pack
-from dtmc._kernels import _grow, _mix  # noqa: F401  (the hash table's, re-exported for the tests)
+from dtmc._kernels import _grow, _mix, _table_size  # noqa: F401  (the hash table's, re-exported for the tests)
 from dtmc._kernels import _table_find_or_insert as _find
 from dtmc._kernels import _table_rebuild as _rehash
 
@@ -41,7 +41,7 @@ from dtmc._kernels import _table_rebuild as _rehash
 # kernel would survive an edit of dtmc/_kernels.py.  This stamp is the sha256 of that file;
 # tests/test_kernel_copies.py fails when it is stale, and updating it edits this file, which invalidates
 # this module's cache.
-_DTMC_KERNELS_SHA = "50da278a0626735ac84f6b1364c006dbce72c6322d850c3ba294f917de5180c4"
+_DTMC_KERNELS_SHA = "387512438bf84d9a36ecbf87ade78c7444f2b32cbcc4dfe14afec1f297908cea"
 
 class Box(NamedTuple):
     """A threshold box ``lo <= B <= hi`` (componentwise): the launch freedom of a decision process."""
@@ -347,10 +347,7 @@ def _mdp_build(N, box, tables, limits, empty, keep):
             g = _grow(g, n + nopt + 1)
             out_ptr = _grow(out_ptr, keys.shape[0] + 1)
         if 2 * (n + nopt) > tkeys.shape[0]:
-            cap2 = tkeys.shape[0] * 2
-            while 2 * (n + nopt) > cap2:
-                cap2 *= 2
-            tkeys, tvals = _rehash(keys, n, cap2)
+            tkeys, tvals = _rehash(keys, n, _table_size(n + nopt, tkeys.shape[0]))
         last = np.int64(-2)
         for q in range(m):
             o = order[q]
@@ -905,10 +902,7 @@ def coarse_mdp_build(N, box, tables, dur, limits, ordered):
                 g = _grow(g, n + cnt + 1)
                 out_ptr = _grow(out_ptr, keys.shape[0] + 1)
             if 2 * (n + cnt) > tkeys.shape[0]:
-                cap2 = tkeys.shape[0] * 2
-                while 2 * (n + cnt) > cap2:
-                    cap2 *= 2
-                tkeys, tvals = _rehash(keys, n, cap2)
+                tkeys, tvals = _rehash(keys, n, _table_size(n + cnt, tkeys.shape[0]))
         if st != OK:
             break
         head += 1
@@ -1340,6 +1334,20 @@ def class_reach(N, rule, tables, max_states):
             if r[i] > 0 and r[i] < t:
                 t = r[i]
         na = _completing(b, r, t, offsets, done, clo, chi, idx, M)
+        # every buffer this state can fill is grown before the outcome loop (see coarse_mdp_build: an array
+        # reassigned inside it would cost two atomic reference-count updates per outcome)
+        mmax = I1
+        for a in range(na):
+            mmax *= chi[a] - clo[a]
+        if nc + mmax > ckeys.shape[0]:
+            ckeys = _grow(ckeys, nc + mmax)
+            cmask = _grow(cmask, nc + mmax)
+        if 2 * (nc + mmax) > ckt.shape[0]:
+            ckt, ckv = _rehash(ckeys, nc, _table_size(nc + mmax, ckt.shape[0]))
+        if n + mmax > keys.shape[0]:
+            keys = _grow(keys, n + mmax)
+        if 2 * (n + mmax) > tkeys.shape[0]:
+            tkeys, tvals = _rehash(keys, n, _table_size(n + mmax, tkeys.shape[0]))
         while True:
             p = 1.0
             for a in range(na):
@@ -1349,14 +1357,9 @@ def class_reach(N, rule, tables, max_states):
                 ck = _pack(k2, b2, r2, M, bn, br)
                 ci, ins = _find(ckt, ckv, ck, nc)
                 if ins:
-                    if nc >= ckeys.shape[0]:
-                        ckeys = _grow(ckeys, nc + 1)
-                        cmask = _grow(cmask, nc + 1)
                     ckeys[nc] = ck
                     cmask[nc] = _class_mask(cls, k2, b2, r2, par, order, caps, d, dco, sR, sB)
                     nc += 1
-                    if 2 * nc > ckt.shape[0]:
-                        ckt, ckv = _rehash(ckeys, nc, ckt.shape[0] * 2)
                 if not _apply_launch(k2, b2, r2, cmask[ci], tables, M):
                     return DEADLOCK, n, ckeys, cmask, nc
                 key = _pack(k2, b2, r2, M, bn, br)
@@ -1364,12 +1367,8 @@ def class_reach(N, rule, tables, max_states):
                 if ins:
                     if n >= max_states:
                         return TOO_LARGE, n + 1, ckeys, cmask, nc
-                    if n >= keys.shape[0]:
-                        keys = _grow(keys, n + 1)
                     keys[n] = key
                     n += 1
-                    if 2 * n > tkeys.shape[0]:
-                        tkeys, tvals = _rehash(keys, n, tkeys.shape[0] * 2)
             if not _next_outcome(idx, clo, chi, na):
                 break
         head += 1

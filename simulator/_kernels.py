@@ -74,7 +74,7 @@ from dtmc._kernels import corun_at_launch
 # so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
 # that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
 # invalidates this module's cache).
-_DTMC_KERNELS_SHA = "50da278a0626735ac84f6b1364c006dbce72c6322d850c3ba294f917de5180c4"
+_DTMC_KERNELS_SHA = "387512438bf84d9a36ecbf87ade78c7444f2b32cbcc4dfe14afec1f297908cea"
 
 
 class SimSystem(NamedTuple):

@@ -121,7 +121,8 @@ TIGHT_POLISH_SWEEPS = 512
 GTH_TIGHT_WORK = 2e11
 # An iterate whose pi bound leaves the throughput error above ACCURACY_TOL (ACCURACY_TARGET with ``tighten``)
 # gets the relative-value bracket of its throughput (throughput_bracket: the relative values of the Poisson
-# equation, iterated or by one sparse LU solve) before any GTH re-solve, up to BRACKET_MAX_STATES states (BRACKET_TIGHT_STATES with ``tighten``).
+# equation, iterated, then by one sparse LU solve when that is not enough) before any GTH re-solve; the LU
+# only up to BRACKET_MAX_STATES states (BRACKET_TIGHT_STATES with ``tighten``), the iteration at any size.
 # Measured on R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 256: 0.2-0.3 s at 23,000-30,000 states against 1e-3
 # left by the tree bound, 32 s at 630,000 states.
 BRACKET_MAX_STATES = 200_000
@@ -558,13 +559,13 @@ def _solve_irreducible(T: sp.csr_matrix, TT: sp.csr_matrix, solver: str, tol: fl
 
 def _bracket_if_loose(T: sp.csr_matrix, x: np.ndarray, tb: float, rewards, tighten: bool):
     """:func:`throughput_bracket` of the iterate ``x`` when its pi bound leaves the throughput error ``tb``
-    above ``ACCURACY_TOL`` (``ACCURACY_TARGET`` with ``tighten``) and the chain has at most
-    ``BRACKET_MAX_STATES`` states (``BRACKET_TIGHT_STATES``); None otherwise (or without ``rewards``)."""
+    above ``ACCURACY_TOL`` (``ACCURACY_TARGET`` with ``tighten``); None otherwise (or without ``rewards``).
+    Its LU fallback only for chains of at most ``BRACKET_MAX_STATES`` states (``BRACKET_TIGHT_STATES``): a
+    larger one keeps the iterated bracket, whatever its width."""
     if rewards is None or not tb > (ACCURACY_TARGET if tighten else ACCURACY_TOL):
         return None
-    if T.shape[0] > (BRACKET_TIGHT_STATES if tighten else BRACKET_MAX_STATES):
-        return None
-    return throughput_bracket(T, rewards[0], rewards[1], x)
+    direct = T.shape[0] <= (BRACKET_TIGHT_STATES if tighten else BRACKET_MAX_STATES)
+    return throughput_bracket(T, rewards[0], rewards[1], x, direct=direct)
 
 
 def _bracket_error(br, x: np.ndarray, rewards) -> float:
@@ -651,17 +652,18 @@ def relative_values(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray, *, method
     return h
 
 
-def throughput_bracket(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray) -> tuple[float, float]:
+def throughput_bracket(T, g: np.ndarray, tau: np.ndarray, pi: np.ndarray, *,
+                       direct: bool = True) -> tuple[float, float]:
     """Certified ``(lower, upper)`` on the throughput of an irreducible chain: :func:`chain_bracket` with the
-    relative values of :func:`relative_values` (from the approximate ``pi``), iterated first and solved by LU
-    when the iteration leaves the bracket wider than ``ACCURACY_TARGET`` (then the two brackets, both valid,
-    are intersected).  Its width is set by the residual of the Poisson equation, the same at every state, so
+    relative values of :func:`relative_values` (from the approximate ``pi``), iterated first and, with
+    ``direct``, solved by LU when the iteration leaves the bracket wider than ``ACCURACY_TARGET`` (then the two
+    brackets, both valid, are intersected).  Its width is set by the residual of the Poisson equation, the same at every state, so
     it stays tight where a bound on every component of ``pi`` cannot be (the improbable states of a large,
     slowly mixing chain)."""
     br = chain_bracket(T, g, tau, relative_values(T, g, tau, pi, method="gauss-seidel"))
     pi = np.asarray(pi, dtype=np.float64)
     value = float(pi @ g) / float(pi @ tau)
-    if bracket_error(br, value) <= ACCURACY_TARGET:
+    if not direct or bracket_error(br, value) <= ACCURACY_TARGET:
         return br
     lo, hi = chain_bracket(T, g, tau, relative_values(T, g, tau, pi, method="direct"))
     return max(lo, br[0]), min(hi, br[1])

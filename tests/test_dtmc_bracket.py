@@ -61,10 +61,10 @@ def test_loose_iterate_gets_a_bracket_that_holds_the_truth(monkeypatch):
 
 
 def test_bracket_off_leaves_the_pi_bound(monkeypatch):
-    """With the bracket disabled (BRACKET_MAX_STATES = 0) the same chain reports the pi bound's method."""
+    """With the bracket disabled the same chain reports the pi bound's method."""
     monkeypatch.setattr(dtmc.solve, "GTH_MAX_WORK", 0.0)
     monkeypatch.setattr(dtmc.solve, "GTH_CHEAP_WORK", 0.0)
-    monkeypatch.setattr(dtmc.solve, "BRACKET_MAX_STATES", 0)
+    monkeypatch.setattr(dtmc.solve, "_bracket_if_loose", lambda *a: None)
     ev = evaluate_thresholds(preset("r2r", [6.0, 27.9], p=0.999), 16, (1, 8))
     assert ev.bound_method != "relative-value bracket (throughput)" and not ev.accuracy_ok
 
@@ -142,3 +142,30 @@ def test_relative_values_refuses_an_unknown_method():
     ch = _chain(preset("r2r", [6.0, 27.9], p=0.35), 4, (1, 2))
     with pytest.raises(ValueError, match="method"):
         dtmc.relative_values(ch.T, ch.g, ch.tau, np.full(ch.T.shape[0], 1.0 / ch.T.shape[0]), method="cg")
+
+
+def test_chain_over_the_lu_cap_keeps_the_iterated_bracket(monkeypatch):
+    """A chain above the LU's state cap still gets the iterated bracket (never the LU): tight where the
+    iteration converges, wide but valid where it is cut short."""
+    spec = preset("r2r", [6.0, 27.9], p=0.35)
+    ch = _chain(spec, 24, (2, 12))
+    pi = dtmc.stationary_distribution(ch.T, solver="gth").pi
+    exact = _gth_throughput(ch)
+    real = dtmc.solve.relative_values
+
+    def no_lu(*a, method="direct", **k):
+        assert method != "direct", "the LU ran above its cap"
+        return real(*a, method=method, **k)
+
+    monkeypatch.setattr(dtmc.solve, "relative_values", no_lu)
+    lo, hi = dtmc.throughput_bracket(ch.T, ch.g, ch.tau, pi, direct=False)
+    assert lo <= exact <= hi and dtmc.bracket_error((lo, hi), exact) <= 1e-9
+    monkeypatch.setattr(dtmc.solve, "BRACKET_GS_SWEEPS", 1)
+    lo, hi = dtmc.throughput_bracket(ch.T, ch.g, ch.tau, pi, direct=False)
+    assert lo <= exact * (1 + 1e-12) and exact <= hi * (1 + 1e-12) and dtmc.bracket_error((lo, hi), exact) > 1e-6
+    # the whole evaluation: the server-scale chain over a cap of 0 states is still proven by the iteration
+    monkeypatch.setattr(dtmc.solve, "BRACKET_GS_SWEEPS", 600)
+    monkeypatch.setattr(dtmc.solve, "BRACKET_MAX_STATES", 0)
+    ev = evaluate_thresholds(spec, 256, (25, 142))
+    assert ev.bound_method == "relative-value bracket (throughput)"
+    assert ev.throughput_error_bound <= dtmc.ACCURACY_TARGET and ev.accuracy_ok

@@ -165,7 +165,7 @@ def test_unbounded_result_is_flagged_and_warned(monkeypatch, capsys, private_cac
     from tr_model import cli
     monkeypatch.setattr(dtmc.solve, "GTH_MAX_WORK", 0.0)
     monkeypatch.setattr(dtmc.solve, "GTH_CHEAP_WORK", 0.0)
-    monkeypatch.setattr(dtmc.solve, "BRACKET_MAX_STATES", 0)
+    monkeypatch.setattr(dtmc.solve, "_bracket_if_loose", lambda *a: None)
     rc = cli.main(["--p", "0.999", "--L", "6.0", "27.9", "--N", "16", "--B", "1", "8", "--format", "json",
                    "--no-cache"])
     out, err = capsys.readouterr()

@@ -72,7 +72,7 @@ def sweep_seconds(M: int, spans: Sequence[tuple[int, int]], search: str) -> floa
         elif search == "local":
             total += _LOCAL_SHARE * _span_sum(a, b, _BOUNDED)
         else:  # auto: exhaustive while the feasible set is small, bounded above
-            n_ex = S.largest_n(S.AUTO_EXHAUSTIVE_MAX, M)
+            n_ex = S.auto_n_limits(M)[0]
             if a <= n_ex:
                 total += _span_sum(a, min(b, n_ex), _EXHAUSTIVE)
             if b > n_ex:

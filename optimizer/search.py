@@ -30,9 +30,10 @@ Search modes (``search=``), each result saying how it was obtained
     (certificate ``"local"``).
 ``auto``
     :func:`tr_core.search_rule.resolve_auto`: ``exhaustive`` while the feasible
-    set is small (210 vectors), ``pruned`` for two models up to 8,256 vectors
-    (N = 128), otherwise ``certified`` with ``max_gap`` (``"pruned-exact"`` when
-    the bounds close the gap); a time budget always means ``certified``.
+    set is small (210 vectors for two models, 56 for more), ``pruned`` up to
+    8,256 vectors for two models (N = 128) and 210 for more, otherwise
+    ``certified`` with ``max_gap`` (``"pruned-exact"`` when the bounds close the
+    gap); a time budget always means ``certified``.
 
 Every search refuses, before any enumeration, to evaluate more than
 ``max_evaluations`` vectors (counted in closed form), with

@@ -26,8 +26,11 @@ def test_resolve_auto_boundaries_follow_the_constants():
     c = lambda n, m=2: math.comb(n - 1 + m, m)  # noqa: E731
     assert R.resolve_auto(2, c(n_ex)) == "exhaustive" and R.resolve_auto(2, c(n_ex + 1)) == "pruned"
     assert R.resolve_auto(2, c(n_pr)) == "pruned" and R.resolve_auto(2, c(n_pr + 1)) == "certified"
-    n3 = R.largest_n(R.AUTO_EXHAUSTIVE_MAX, 3)
-    assert R.resolve_auto(3, c(n3, 3)) == "exhaustive" and R.resolve_auto(3, c(n3 + 1, 3)) == "certified"
+    assert R.auto_n_limits(2) == (n_ex, n_pr)
+    w_ex, w_pr = R.auto_n_limits(3)
+    assert (w_ex, w_pr) == (6, 9)
+    assert R.resolve_auto(3, c(w_ex, 3)) == "exhaustive" and R.resolve_auto(3, c(w_ex + 1, 3)) == "pruned"
+    assert R.resolve_auto(3, c(w_pr, 3)) == "pruned" and R.resolve_auto(3, c(w_pr + 1, 3)) == "certified"
     assert R.resolve_auto(2, 3, time_budget_s=1.0) == "certified"
 
 
@@ -86,7 +89,8 @@ def test_auto_spans_and_counted_evaluations():
     Ns = IntRanges([(1, 64)])
     assert _auto_spans(2, Ns) == [("exhaustive", [(1, 20)]), ("pruned", [(21, 64)])]
     assert _auto_spans(2, IntRanges([(100, 200)])) == [("pruned", [(100, 128)]), ("certified", [(129, 200)])]
-    assert _auto_spans(3, IntRanges([(1, 12)])) == [("exhaustive", [(1, 9)]), ("certified", [(10, 12)])]
+    assert _auto_spans(3, IntRanges([(1, 12)])) == [("exhaustive", [(1, 6)]), ("pruned", [(7, 9)]),
+                                                     ("certified", [(10, 12)])]
     ex20 = sum(math.comb(n + 1, 2) for n in range(1, 21))
     assert _sweep_evaluations(2, Ns, None, "exact", "auto") == ex20 + 44
     assert _sweep_evaluations(2, Ns, None, "exact", "exhaustive") == math.comb(66, 3)

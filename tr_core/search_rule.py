@@ -25,6 +25,11 @@ AUTO_EXHAUSTIVE_MAX = 210
 # core, against 12 / 23 / 69 s certified; experiments/LOG.md "search", round 3); certified above
 AUTO_PRUNED_MAX = 8256
 AUTO_PRUNED_M = 2
+# Three or more models: every chain is large from small N (ME, N = 8: 588,267 states at B*), so the exact
+# pruned search pays from far fewer vectors: exhaustive up to this many (N = 6 for three models; there
+# both take 8 s for ME), pruned (exact) up to AUTO_EXHAUSTIVE_MAX (N = 9: ME 48 s instead of 91 s at
+# N = 8, 111 s instead of 204 s at N = 9, 2 cores), certified above
+AUTO_EXHAUSTIVE_MAX_WIDE = 56
 # a sweep estimated (optimizer.cost) above this many hours of one core is refused before any work (exit 3)
 DEFAULT_MAX_HOURS = 24.0
 
@@ -41,27 +46,42 @@ def largest_n(limit: int, M: int) -> int:
     return n
 
 
+def auto_limits(M: int) -> tuple[int, int]:
+    """The largest feasible-set sizes ``auto`` searches exhaustively and with exact pruning, for M models."""
+    if M <= AUTO_PRUNED_M:
+        return AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX
+    return AUTO_EXHAUSTIVE_MAX_WIDE, AUTO_EXHAUSTIVE_MAX
+
+
+def auto_n_limits(M: int) -> tuple[int, int]:
+    """:func:`auto_limits` as concurrencies: the largest N searched exhaustively and the largest pruned."""
+    ex, pr = auto_limits(M)
+    return largest_n(ex, M), largest_n(pr, M)
+
+
 def resolve_auto(M: int, total: int, *, time_budget_s: float | None = None) -> str:
     """The search ``auto`` runs for ``total`` candidate vectors of an M-model system.
 
-    Exhaustive while the set is small; pruned (exact) for two models up to ``AUTO_PRUNED_MAX``; certified
-    otherwise or whenever a time budget is given (co-running latencies included: the bounds apply the
-    launch law, docs/model.md).
+    Exhaustive while the set is small; pruned (exact) up to the second limit of :func:`auto_limits`;
+    certified otherwise or whenever a time budget is given (co-running latencies included: the bounds
+    apply the launch law, docs/model.md).
     """
-    if time_budget_s is None and total <= AUTO_EXHAUSTIVE_MAX:
+    ex, pr = auto_limits(M)
+    if time_budget_s is None and total <= ex:
         return "exhaustive"
-    if time_budget_s is None and M == AUTO_PRUNED_M and total <= AUTO_PRUNED_MAX:
+    if time_budget_s is None and total <= pr:
         return "pruned"
     return "certified"
 
 
 def auto_rule_text() -> str:
     """``auto`` in words, from the constants above (for ``--help`` and the docs)."""
-    n_ex = largest_n(AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_M)
-    n_pr = largest_n(AUTO_PRUNED_MAX, AUTO_PRUNED_M)
-    return (f"exhaustive up to {AUTO_EXHAUSTIVE_MAX:,} feasible vectors (N <= {n_ex} for two models), "
-            f"pruned (exact) for two models up to {AUTO_PRUNED_MAX:,} (N <= {n_pr}), certified within "
-            f"--max-gap above or with a time budget")
+    n_ex, n_pr = auto_n_limits(2)
+    w_ex, w_pr = auto_n_limits(3)
+    return (f"two models: exhaustive up to {AUTO_EXHAUSTIVE_MAX:,} feasible vectors (N <= {n_ex}), pruned "
+            f"(exact) up to {AUTO_PRUNED_MAX:,} (N <= {n_pr}); three or more: exhaustive up to "
+            f"{AUTO_EXHAUSTIVE_MAX_WIDE:,} (three models: to N = {w_ex}), pruned up to {AUTO_EXHAUSTIVE_MAX:,} "
+            f"(to N = {w_pr}); certified within --max-gap above or with a time budget")
 
 
 def search_help(default: str = DEFAULT_SEARCH) -> str:

@@ -23,7 +23,7 @@ from tr_core.cli import (IntRanges, Parser, Progress, add_list_arg, check_number
                          format_table, note, output_format, parse_int_list, run_cli, to_csv)
 from tr_core.errors import SpecError, StateSpaceTooLarge
 from tr_core.search_options import SEARCH_FIELDS, add_search_flags, search_options_from_args
-from tr_core.search_rule import AUTO_EXHAUSTIVE_MAX, AUTO_PRUNED_MAX, DEFAULT_MAX_GAP, DEFAULT_MAX_HOURS, largest_n
+from tr_core.search_rule import DEFAULT_MAX_GAP, DEFAULT_MAX_HOURS, auto_n_limits
 from tr_core.spec import spec_to_dict
 from tr_core.system_args import System, add_system_args, build_system
 
@@ -163,8 +163,7 @@ def _exhaustive_count(M: int, Ns: IntRanges) -> int:
 def _auto_spans(M: int, Ns: IntRanges) -> list[tuple[str, list[tuple[int, int]]]]:
     """The searches ``--search auto`` will run over the sweep, each with its spans of N
     (:func:`tr_core.search_rule.resolve_auto`, by the closed-form count of each N's feasible set)."""
-    n_ex = largest_n(AUTO_EXHAUSTIVE_MAX, M)
-    n_pr = largest_n(AUTO_PRUNED_MAX, M) if M == 2 else n_ex
+    n_ex, n_pr = auto_n_limits(M)
     out = []
     for name, lo, hi in (("exhaustive", 1, n_ex), ("pruned", n_ex + 1, n_pr), ("certified", n_pr + 1, None)):
         spans = [(max(a, lo), b if hi is None else min(b, hi)) for a, b in Ns.spans]

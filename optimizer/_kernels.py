@@ -132,7 +132,9 @@ class _CoarseScratch(NamedTuple):
     first: np.ndarray
 
 
-NO_LAUNCH = 1 << 30      # lmin of a model that never launched (above any queue; fits the int32 bounds)
+# lmin of a model that never launched: above any queue a coarse-clock process is built for (N < NO_LAUNCH,
+# box_bound checks), and the largest int16, the type of the decision bounds a kept process stores per entry
+NO_LAUNCH = 32767
 OK = 0
 TOO_LARGE = 1
 DEADLOCK = 2
@@ -760,9 +762,9 @@ def coarse_mdp_build(N, box, tables, dur, limits, ordered):
     out_prob = np.empty(cap * 4, dtype=np.float64)
     opt_ptr = np.zeros(cap * 4 + 1, dtype=np.int64)
     opt_idx = np.empty(cap * 8, dtype=np.int64)
-    # decision bounds are queue sizes: int32 halves what a kept process holds
-    opt_w = np.empty(cap * 8 * M, dtype=np.int32)
-    opt_l = np.empty(cap * 8 * M, dtype=np.int32)
+    # decision bounds are queue sizes below NO_LAUNCH: int16 halves what they took as int32
+    opt_w = np.empty(cap * 8 * M, dtype=np.int16)
+    opt_l = np.empty(cap * 8 * M, dtype=np.int16)
     tcap = 4096
     tkeys = np.full(tcap, EMPTY, dtype=np.int64)
     tvals = np.empty(tcap, dtype=np.int64)
@@ -961,8 +963,8 @@ def mdp_restrict(proc, box):
     out_prob2 = np.empty(nu_max + 1, dtype=np.float64)
     opt_ptr2 = np.zeros(nu_max + 2, dtype=np.int64)
     opt_idx2 = np.empty(ne_max + 1, dtype=np.int64)
-    opt_w2 = np.empty((ne_max + 1) * M, dtype=np.int32)
-    opt_l2 = np.empty((ne_max + 1) * M, dtype=np.int32)
+    opt_w2 = np.empty((ne_max + 1) * M, dtype=np.int16)
+    opt_l2 = np.empty((ne_max + 1) * M, dtype=np.int16)
     init_idx2 = np.empty(ninit, dtype=np.int64)
     init_w2 = np.empty(ninit * M, dtype=np.int64)
     init_l2 = np.empty(ninit * M, dtype=np.int64)

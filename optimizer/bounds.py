@@ -301,7 +301,8 @@ def box_bound(spec: SystemSpec, N: int, lo, hi, *, target_tok_s: float | None = 
         br = max(1, int(max(dhi.max(), dhico.max())).bit_length())
     else:
         br = low.br
-    if M * (2 * bn + br) > 62:
+    if M * (2 * bn + br) > 62 or (coarse > 1 and N >= K.NO_LAUNCH):
+        # (a coarse process stores its decision bounds, queue sizes, as int16)
         return BoxResult(tuple(lo), tuple(hi), math.inf, -math.inf, 0, 0, 0.0, "too large")
     tables = low.with_packing(br)
     box = K.Box(lo, hi)

@@ -51,6 +51,13 @@ FIRST_BOX_STATES = 1_000_000
 FINER_SLOT_GROWTH = 1.75
 # entries (routing outcomes x decisions) per state allowed to a box process: 60 at R2R's slots of 30 quanta
 BOX_ENTRIES_PER_STATE = 120
+# the caps of a first-grid box on the screen slot (:func:`screen_slot`, co-running only).  R2R with the probe's
+# factors 2.8 / 1.05 at N = 256: [1, 64]^2 has 1,269,687 states on slots of 30 quanta (7.7 GB peak, bounded by
+# 9,003 tok/s against B*'s 11,628) and [65, 128] x [1, 64] 869,431, with more than 120 entries a state under the
+# co-running law; under these caps every first-grid box is bounded and the answer is certified within 0.1 %
+# instead of the scaled all-policy bound's 3.1 %
+SCREEN_BOX_STATES = 1_400_000
+SCREEN_ENTRIES_PER_STATE = 250
 
 
 def _below_any(B, tops) -> bool:
@@ -209,6 +216,24 @@ def coarse_levels(d, dco=None) -> tuple[int, ...]:
     return tuple(sorted({first, tight} - {1}, reverse=True))
 
 
+def screen_slot(d, dco=None) -> int | None:
+    """A slot longer than the first of :func:`coarse_levels`, for the first grid's boxes only, or None.
+
+    The longest slot that still leaves every step, solo and co-running, at least two slots, whatever its
+    rounding gains (R2R with co-running factors 2.8 / 1.05: 30 quanta, where the co-running step of 168
+    quanta spans 5 slots, 11 % faster, against the first slot's 15).  Its bound is the loosest, but its
+    processes are about half the first slot's, and the boxes at the smallest thresholds sit far enough below
+    B* (R2R co-running at N = 256: [1, 64] x [65, 128] is bounded by 11,375 tok/s on 495,294 states against
+    B*'s 11,628; on 15 quanta it is over the first grid's cap of 1,000,000 states) that a loose bound prunes
+    them.  None when no such slot is longer than the first (solo R2R: 30 already).  Cost and tightness only,
+    never validity (bound 5 holds on any slot of at least two slots per step).
+    """
+    steps = np.asarray(d) if dco is None else np.concatenate([np.asarray(d), np.asarray(dco)])
+    c = auto_coarse(steps, math.inf)
+    levels = coarse_levels(d, dco)
+    return c if levels and c > levels[0] else None
+
+
 def warm_box_kernels(spec: SystemSpec, round_to_grid: bool = False, N: int = 4) -> bool:
     """Compile (or load from numba's cache) the kernels of the coarse-clock box bound on a tiny box, so that
     a sweep's worker can do it while another compiles the chain's (:func:`optimizer.search.optimize_sweep`).
@@ -300,7 +325,7 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
               known: dict | None = None, failed: list | None = None, first_states: int | None = None,
-              grid: list | None = None) -> None:
+              grid: list | None = None, screen: int | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -315,7 +340,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     ``first_states``: the state cap of the boxes of the first grid on the first clock (default
     ``max_box_states``); their sub-boxes and the finer clocks keep ``max_box_states``.  ``grid``: the boxes
     to start from (default :func:`first_grid_boxes`; a part of it when the pass is shared out,
-    :func:`_box_pass_parallel`).
+    :func:`_box_pass_parallel`).  ``screen``: a slot longer than the first clock (:func:`screen_slot`) on
+    which each box of the first grid is tried before the others, with the first grid's cap: the far boxes,
+    whose processes are the largest, prune on it; a box over the cap on it is over the cap on every clock.
     """
     from optimizer.bounds import box_bound
 
@@ -374,6 +401,9 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         tried: list = []
         if not holds_best:
             levels = list(coarse) + [1] if isinstance(coarse, tuple) else ([coarse, 1] if coarse > 1 else [1])
+            first_c = levels[0]
+            if screen and (lo, hi) in first_grid and screen > first_c:
+                levels.insert(0, screen)
             if _below_any(hi, failed_tops):
                 stats["boxes_skipped"] = stats.get("boxes_skipped", 0) + 1
                 if failed is not None:
@@ -381,8 +411,10 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                 continue
             for c in levels:
                 cap = max_box_states if (c > 1 or fine_states is None) else fine_states
-                if first_states is not None and c == levels[0] and (lo, hi) in first_grid:
+                if first_states is not None and c in (levels[0], first_c) and (lo, hi) in first_grid:
                     cap = max(cap, int(first_states))
+                    if c == screen:
+                        cap = max(cap, SCREEN_BOX_STATES)
                 if deadline is not None:
                     # a build costs about 30 us a state: never start one that cannot end in time
                     left = deadline - time.perf_counter()
@@ -402,13 +434,14 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                 target = best / (1.0 - max_gap) if max_gap > 0 else best
                 stack = kept.setdefault(c, [])
                 r = box_bound(spec, N, lo, hi, target_tok_s=target, max_states=cap, round_to_grid=rtg,
-                              max_entries=max(60_000_000, BOX_ENTRIES_PER_STATE * cap),
+                              max_entries=max(60_000_000, (SCREEN_ENTRIES_PER_STATE if c == screen
+                                                           else BOX_ENTRIES_PER_STATE) * cap),
                               coarse=c, max_sweeps=max_sweeps, parent=stack[-1] if stack else None, keep=c > 1)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
                 tried.append((c, r))
                 if r.status == "too large":
                     stats["boxes_too_large"] = stats.get("boxes_too_large", 0) + 1
-                    if c == levels[0]:
+                    if c in (levels[0], first_c):
                         failed_tops.append(hi)
                         if failed is not None:
                             failed.append((lo, hi))
@@ -435,6 +468,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
         if hit is not None:
             r, c = hit
             stats["boxes_pruned"] = stats.get("boxes_pruned", 0) + 1
+            if screen and c == screen:
+                stats["screen_pruned"] = stats.get("screen_pruned", 0) + 1
             name = f"box{lo}-{hi}" + (f" slot={c}" if c > 1 else "")
             for B in open_:
                 pruned_set.add(B)
@@ -629,12 +664,14 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
         # 1. whole boxes of the feasible set, each first on the coarse clock (cheap), then on the fine one
         if box_split is None:
             box_split = 4 if M <= 2 else 2      # a first grid of boxes with a few dozen vectors each
+        screen = None
         if coarse is None:
             # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
             coarse = coarse_levels(bounder.d, bounder.dco)
+            screen = screen_slot(bounder.d, bounder.dco)
         if best > -math.inf and whole_pass:
             opts = dict(min_box=min_box, max_box_states=max_box_states, coarse=coarse, fine_states=fine_states,
-                        max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states)
+                        max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states, screen=screen)
             if executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N:
                 _box_pass_parallel(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
                                    executor=executor, stats=stats, known=known, failed=failed_boxes,

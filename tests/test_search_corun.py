@@ -9,7 +9,7 @@ import pytest
 
 import tr_model
 from optimizer.bounds import Bounder, PolicyBounds, box_bound, no_wait_bound, policy_bound, scaling_valid
-from optimizer.branch import auto_coarse, coarse_levels
+from optimizer.branch import auto_coarse, coarse_levels, screen_slot
 from optimizer.evaluate import evaluate_thresholds
 from optimizer.mean_field import mean_field_throughput
 from optimizer.search import optimize_thresholds
@@ -242,3 +242,34 @@ def test_mean_field_guide_follows_the_law():
     guide = mean_field_thresholds(spec, 16, round_to_grid=True)
     best = optimize_thresholds(spec, 16, search="pruned", round_to_grid=True)
     assert tr_model.evaluate(spec, 16, guide.B, round_to_grid=True).throughput_tok_s >= 0.97 * best.throughput_tok_s
+
+
+def test_screen_slot_is_longer_than_the_first_and_keeps_two_slots_per_step():
+    d = np.array([[0, 60, 60], [0, 279, 279]])
+    dco = np.array([[0, 168, 168], [0, 293, 293]])
+    assert screen_slot(d) is None                      # solo R2R: the first slot (30) is already the longest
+    c = screen_slot(d, dco)
+    assert c == 30 and c > coarse_levels(d, dco)[0]
+    both = np.concatenate([d, dco])
+    assert (both[:, 1:] // c).min() >= 2
+    assert (both[:, 1:] // (c + 1)).min() < 2          # the longest such slot
+    assert screen_slot(d, d) is None
+
+
+@pytest.mark.parametrize("N", [16, 24])
+def test_pruned_equals_exhaustive_with_the_screen_clock(N):
+    # the probe's factors on the 0.3 ms grid: steps 20 and 93 quanta, co-running 56 and 98; the first slot
+    # is 5 quanta and the screen 10 (the small model's co-running step 11 % faster on it)
+    spec = preset("r2r", [6.0, 27.9], p=0.35, corun_latency=[2.8, 1.05], delta_ms=0.3)
+    b = Bounder(spec, N, round_to_grid=True)
+    assert screen_slot(b.d, b.dco) == 10 and coarse_levels(b.d, b.dco)[0] == 5
+    ex = optimize_thresholds(spec, N, search="exhaustive", round_to_grid=True)
+    stats: dict = {}
+    pr = optimize_thresholds(spec, N, search="pruned", round_to_grid=True, stats=stats)
+    assert pr.best_B == ex.best_B and pr.certificate == "pruned-exact"
+    assert pr.throughput_tok_s == pytest.approx(ex.throughput_tok_s, rel=1e-12)
+    assert stats.get("screen_pruned", 0) >= 1         # some box was pruned on the screen clock
+    worst = ex.throughput_tok_s * (1 + 1e-9)
+    for B, _name, v in pr.pruned_vectors:              # each pruned vector's bound holds
+        e = next(x for x in ex.evaluations if x.B == B)
+        assert e.throughput_tok_s <= v * (1 + 1e-9) and e.throughput_tok_s <= worst

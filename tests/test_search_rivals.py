@@ -296,3 +296,19 @@ def test_rivals_are_re_solved_on_an_executor():
         e = next(e for e in opt.evaluations if e.B == rival)
         assert e.accuracy_ok and O.b_star_rivals(opt.evaluations, opt.best) == []
     assert [(e.B, e.throughput_tok_s) for e in here.evaluations] == [(e.B, e.throughput_tok_s) for e in there.evaluations]
+
+
+def test_a_loose_chain_far_below_b_star_is_re_solved_too():
+    """A rejected chain whose bound (1e-5) keeps it below B* is no rival, but every reported bound is to be
+    within the tolerance: it is re-solved once, the rivals' rounds untouched."""
+    ref = optimize_thresholds(R2R, 8, search="exhaustive")
+    far = min(ref.evaluations, key=lambda e: e.throughput_tok_s)
+    assert far.throughput_tok_s * (1 + 1e-5) < ref.throughput_tok_s * (1 - 1e-6)
+    evals = [dataclasses.replace(e, throughput_error_bound=1e-5) if e.B == far.B else e for e in ref.evaluations]
+    loose = O._optimum(8, evals, ref.seconds)
+    assert O.b_star_rivals(loose.evaluations, loose.best) == []      # not a rival ...
+    assert not next(e for e in loose.evaluations if e.B == far.B).accuracy_ok      # ... but loose
+    opt = O.tighten_rivals(R2R, loose)
+    e = next(e for e in opt.evaluations if e.B == far.B)
+    assert e.accuracy_ok and e.throughput_tok_s == pytest.approx(far.throughput_tok_s, rel=1e-6)
+    assert opt.best_B == ref.best_B and all(x.accuracy_ok for x in opt.evaluations)

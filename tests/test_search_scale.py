@@ -184,3 +184,23 @@ def test_a_sub_box_sharing_the_corner_of_a_box_over_the_cap_on_a_finer_clock_is_
     assert o.best_B == ex.best_B and o.certificate == "pruned-exact"
     for B, _, v in o.pruned_vectors:
         assert v >= table[B] * (1 - 1e-9)
+
+
+def test_a_three_model_search_holds_its_pool_from_small_n_and_answers_as_one_process(monkeypatch):
+    """Three models: the pool pays from the N where ``auto`` leaves the exhaustive search (every chain near B*
+    is large there), two models only at server scale; the answer does not depend on it."""
+    import tr_core.parallel as parallel
+
+    assert branch.pool_pays(branch.PARALLEL_WIDE_N, 3) and not branch.pool_pays(branch.PARALLEL_WIDE_N - 1, 3)
+    assert not branch.pool_pays(64, 2) and branch.pool_pays(branch.PARALLEL_BOX_N, 2)
+    spec = make_spec([0.3, 0.5, 0.7], [[0.5, 0.3, 0.2]] * 3, [[1.0] * 3] * 3, delta_ms=0.1, name="small-me")
+    N = branch.PARALLEL_WIDE_N
+    one = optimize_thresholds(spec, N, search="pruned", boxes=True)
+    started = []
+    real = parallel.local_pool
+    monkeypatch.setattr(parallel, "local_pool", lambda k, *a, **kw: started.append(k) or real(k, *a, **kw))
+    two = optimize_thresholds(spec, N, search="pruned", boxes=True, workers=2)
+    assert started == [2]
+    assert two.best_B == one.best_B and two.certificate == one.certificate == "pruned-exact"
+    assert two.throughput_tok_s == pytest.approx(one.throughput_tok_s, rel=1e-12)
+    assert sorted(two.pruned_vectors) == sorted(one.pruned_vectors)

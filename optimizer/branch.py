@@ -283,8 +283,8 @@ def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], 
 # seconds, less than starting the workers and loading their kernels
 PARALLEL_BOX_N = 128
 # three or more models: every chain near B* is large from small N (ME, N = 10: 1.1 M states, 5 s a solve), so
-# a pruned or certified search holds the pool from the N where ``auto`` leaves the exhaustive search (whose
-# own evaluation is shared out already)
+# a pruned or certified search holds the pool for its chains from the N where ``auto`` leaves the exhaustive
+# search (whose own evaluation is shared out already); its box pass stays in one process
 PARALLEL_WIDE_N = 7
 
 
@@ -682,7 +682,10 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
         if best > -math.inf and whole_pass:
             opts = dict(min_box=min_box, max_box_states=max_box_states, coarse=coarse, fine_states=fine_states,
                         max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states, screen=screen)
-            if executor is not None and time_budget_s is None and pool_pays(N, M):
+            # two models only: each worker's boxes then miss the failures the other's found (a box below one
+            # over its cap is not built), and three-model boxes fail often (ME N = 11 went from 614 s to over
+            # 900 s with the pass shared out); their chains still go to the pool
+            if executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N:
                 _box_pass_parallel(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
                                    executor=executor, stats=stats, known=known, failed=failed_boxes,
                                    split=box_split, **opts)

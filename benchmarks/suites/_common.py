@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -85,8 +86,16 @@ def run_process_tree(argv: list, timeout_s: float, env: dict | None = None, inte
     process and its workers in MB)``."""
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd)
-        timer = threading.Timer(timeout_s, proc.kill)
+        # a session of its own, killed whole at the limit: the command's pool workers would outlive a kill of
+        # the command alone and run on beside the next rows
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
+
+        def kill_tree():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        timer = threading.Timer(timeout_s, kill_tree)
         peak = [0.0]
         stop = threading.Event()
 

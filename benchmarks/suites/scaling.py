@@ -49,7 +49,7 @@ SYSTEMS = {"R2R": R2R, "R2R co-run": R2R + ["--corun-slowdown", "2.8", "1.05", "
 # (system, N, also the baseline)
 QUICK_ROWS = [("R2R", n, False) for n in (8, 16, 32, 64)] + [("R2R co-run", 16, False), ("ME", 4, False)]
 FULL_ROWS = ([("R2R", n, n in (128, 256)) for n in (8, 16, 32, 64, 128, 192, 256)]
-             + [("R2R co-run", n, n == 128) for n in (8, 16, 32, 64, 128, 192, 256)] + [("ME", n, False) for n in (4, 8, 10)])
+             + [("R2R co-run", n, n == 128) for n in (8, 16, 32, 64, 128, 192, 256)] + [("ME", n, False) for n in (4, 8, 10, 11)])
 MAX_SECONDS = 900
 MAIN = "import sys; from tr_model.cli import main; sys.exit(main())"
 

@@ -282,16 +282,13 @@ def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], 
 # (each box and its bisection depend only on the incumbent, fixed during the pass); below, the pass takes
 # seconds, less than starting the workers and loading their kernels
 PARALLEL_BOX_N = 128
-# three or more models: every chain near B* is large from small N (ME, N = 10: 1.1 M states, 5 s a solve), so
-# a pruned or certified search holds the pool for its chains from the N where ``auto`` leaves the exhaustive
-# search (whose own evaluation is shared out already); its box pass stays in one process
-PARALLEL_WIDE_N = 7
 
 
 def pool_pays(N: int, M: int) -> bool:
-    """Whether a pruned or certified search at one N holds one pool of local workers for its whole length
-    (cost only: the pool's start and kernel loads against the chains and box processes it shares out)."""
-    return int(N) >= (PARALLEL_BOX_N if int(M) <= 2 else PARALLEL_WIDE_N)
+    """Whether a pruned or certified search at one N holds one pool of local workers for its whole length.
+    Three models too only from :data:`PARALLEL_BOX_N`: with their chains on a pool from N = 7, ME N = 11 took
+    over 780 s against 614 s in one process (experiments/LOG.md, "three models toward N = 16")."""
+    return int(N) >= PARALLEL_BOX_N
 
 
 def _box_part(payload):

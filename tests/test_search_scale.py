@@ -186,16 +186,15 @@ def test_a_sub_box_sharing_the_corner_of_a_box_over_the_cap_on_a_finer_clock_is_
         assert v >= table[B] * (1 - 1e-9)
 
 
-def test_a_three_model_search_holds_its_pool_from_small_n_and_answers_as_one_process(monkeypatch):
-    """Three models: the pool pays from the N where ``auto`` leaves the exhaustive search (every chain near B*
-    is large there), two models only at server scale; the answer does not depend on it."""
+def test_a_three_model_search_on_a_pool_answers_as_one_process(monkeypatch):
+    """Three models with the pool forced from small N: the answer does not depend on it."""
     import tr_core.parallel as parallel
 
-    assert branch.pool_pays(branch.PARALLEL_WIDE_N, 3) and not branch.pool_pays(branch.PARALLEL_WIDE_N - 1, 3)
-    assert not branch.pool_pays(64, 2) and branch.pool_pays(branch.PARALLEL_BOX_N, 2)
+    assert not branch.pool_pays(64, 2) and branch.pool_pays(branch.PARALLEL_BOX_N, 3)
     spec = make_spec([0.3, 0.5, 0.7], [[0.5, 0.3, 0.2]] * 3, [[1.0] * 3] * 3, delta_ms=0.1, name="small-me")
-    N = branch.PARALLEL_WIDE_N
+    N = 7
     one = optimize_thresholds(spec, N, search="pruned", boxes=True)
+    monkeypatch.setattr(branch, "PARALLEL_BOX_N", 1)
     started = []
     real = parallel.local_pool
     monkeypatch.setattr(parallel, "local_pool", lambda k, *a, **kw: started.append(k) or real(k, *a, **kw))

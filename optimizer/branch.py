@@ -284,13 +284,6 @@ def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], 
 PARALLEL_BOX_N = 128
 
 
-def pool_pays(N: int, M: int) -> bool:
-    """Whether a pruned or certified search at one N holds one pool of local workers for its whole length.
-    Three models too only from :data:`PARALLEL_BOX_N`: with their chains on a pool from N = 7, ME N = 11 took
-    over 780 s against 614 s in one process (experiments/LOG.md, "three models toward N = 16")."""
-    return int(N) >= PARALLEL_BOX_N
-
-
 def _box_part(payload):
     """Worker task of :func:`_box_pass_parallel`: the pass over some first-grid boxes, with its own records."""
     spec, N, best, by_B, cands, kw, grid, opts = payload
@@ -496,23 +489,23 @@ def branch_and_bound(spec: SystemSpec, N: int, *, workers: int = 1, executor=Non
                      time_budget_s: float | None = None, **kw) -> "object":
     """Exact (``max_gap = 0``, no budget) or certified search of B* at one N; returns an :class:`Optimum`.
 
-    With ``workers > 1`` and no ``executor``, a search where :func:`pool_pays` holds one pool of
+    With ``workers > 1`` and no ``executor``, a search from :data:`PARALLEL_BOX_N` on holds one pool of
     ``workers`` local processes for its whole length (the whole-set box pass shares its first-grid boxes out
-    to it, and the chains are evaluated on it a batch at a time); elsewhere, only batches of chains go to a pool
+    to it, and the chains are evaluated on it a batch at a time); below, only batches of chains go to a pool
     of their own.  The answer does not depend on it.
     """
-    with search_pool(N, workers, executor, time_budget_s, M=spec.M) as pool:
+    with search_pool(N, workers, executor, time_budget_s) as pool:
         return _branch_and_bound(spec, N, workers=workers, executor=executor if pool is None else pool,
                                  time_budget_s=time_budget_s, **kw)
 
 
-def search_pool(N: int, workers: int, executor, time_budget_s: float | None, M: int = 2):
+def search_pool(N: int, workers: int, executor, time_budget_s: float | None):
     """``with search_pool(...) as pool``: one pool of ``workers`` local processes (:func:`tr_core.parallel.
-    local_pool`) held by a search at one N where it pays (:func:`pool_pays`) that has workers but no executor
-    and no time budget; ``pool`` is None otherwise (nothing is started)."""
+    local_pool`) held by a search at one N from :data:`PARALLEL_BOX_N` on that has workers but no executor and
+    no time budget; ``pool`` is None otherwise (nothing is started)."""
     import contextlib
 
-    if executor is None and int(workers) > 1 and time_budget_s is None and pool_pays(N, M):
+    if executor is None and int(workers) > 1 and time_budget_s is None and int(N) >= PARALLEL_BOX_N:
         from tr_core.parallel import local_pool
 
         return local_pool(int(workers))
@@ -679,9 +672,6 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
         if best > -math.inf and whole_pass:
             opts = dict(min_box=min_box, max_box_states=max_box_states, coarse=coarse, fine_states=fine_states,
                         max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states, screen=screen)
-            # two models only: each worker's boxes then miss the failures the other's found (a box below one
-            # over its cap is not built), and three-model boxes fail often (ME N = 11 went from 614 s to over
-            # 900 s with the pass shared out); their chains still go to the pool
             if executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N:
                 _box_pass_parallel(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
                                    executor=executor, stats=stats, known=known, failed=failed_boxes,

@@ -92,7 +92,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     from optimizer.branch import search_pool
 
     # a search at server scale holds one pool of local workers for the search and the re-solve of B*'s rivals
-    with search_pool(N, workers, executor, time_budget_s, M=spec.M) as pool:
+    with search_pool(N, workers, executor, time_budget_s) as pool:
         ex = executor if pool is None else pool
         opt = _optimize_thresholds(spec, N, candidates=candidates, search=search, max_gap=max_gap,
                                    time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,

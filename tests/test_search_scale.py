@@ -190,7 +190,6 @@ def test_a_three_model_search_on_a_pool_answers_as_one_process(monkeypatch):
     """Three models with the pool forced from small N: the answer does not depend on it."""
     import tr_core.parallel as parallel
 
-    assert not branch.pool_pays(64, 2) and branch.pool_pays(branch.PARALLEL_BOX_N, 3)
     spec = make_spec([0.3, 0.5, 0.7], [[0.5, 0.3, 0.2]] * 3, [[1.0] * 3] * 3, delta_ms=0.1, name="small-me")
     N = 7
     one = optimize_thresholds(spec, N, search="pruned", boxes=True)

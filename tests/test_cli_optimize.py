@@ -177,3 +177,23 @@ def test_plot_flag(run_tool, run_inproc, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _bad(run_inproc, "--p", "0.35", "--L", "6.0", "27.9", "--N", "3", "--plot", tmp_path / "b.gif", match="extension")
     assert not (tmp_path / "b.gif").exists()
+
+
+def test_table_states_each_certificate_and_warns_when_the_gap_is_above_max_gap(run_inproc):
+    base = ("tr-optimize", "--p", "0.35", "--L", "6.0", "27.9", "--no-cache")
+    r = run_inproc(*base, "--N", "4", "24")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert r.stdout.splitlines()[1].split()[-4:] == ["certificate", "residual", "err_bound", "seconds"]
+    rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines()[3:]}
+    assert rows["4"][-4] == "exhaustive" and rows["24"][-4] == "exact"
+    # a state budget too small for the chains near B*: they are left to their bounds, the answer is proven
+    # only within a gap above --max-gap, and the table and a warning line both say so
+    r = run_inproc(*base, "--N", "24", "--search", "certified", "--max-states", "300", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["results"][0]
+    assert res["certificate"] == "certified" and res["gap"] > 0.001 and res["unresolved"] > 0
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "above --max-gap 0.1 %" in warn[0] and f"{100 * res['gap']:.3g} %" in warn[0]
+    r = run_inproc(*base, "--N", "24", "--search", "certified", "--max-states", "300")
+    line = r.stdout.splitlines()[-1]
+    assert f"gap {100 * res['gap']:.3g} %" in line

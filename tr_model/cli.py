@@ -462,6 +462,22 @@ def _warn_inaccurate(doc: dict) -> None:
           + "; ".join(parts) + " (see throughput_error_bound, b_star_rivals in --format json)", file=sys.stderr)
 
 
+def _warn_loose_gap(doc: dict, max_gap: float) -> None:
+    """One ``warning:`` line on stderr when a certified B* is proven only within more than ``max_gap``: some
+    vectors were left to a bound (their chains, or their boxes' processes, over the state budget), and that
+    bound is looser than the gap asked for."""
+    loose = [r for r in doc["results"] if r.get("certificate") == "certified" and r.get("gap") is not None
+             and not r["gap"] <= max_gap * (1 + 1e-9)]
+    if not loose:
+        return
+    worst = max(loose, key=lambda r: r["gap"])
+    left = sum(int(r.get("unresolved") or 0) for r in loose)
+    print(f"warning: at N = {_ns(loose)} B* is proven only within a gap of up to {100 * worst['gap']:.3g} % "
+          f"(N = {worst['N']}), above --max-gap {100 * max_gap:g} %: {left:,} threshold vector(s) were left to a "
+          f"bound, their chains or box processes being over the state budget (raise --max-states, or use a "
+          f"coarser --delta-ms)", file=sys.stderr)
+
+
 class _RowReporter:
     """One stderr line per N of a sweep as soon as its B* is final (the table comes at the end)."""
 
@@ -708,12 +724,26 @@ def _eager_cell(r: dict) -> str:
     return f"{x:.2f}"
 
 
+def _certificate_cell(r: dict) -> str:
+    """How B* was proven: ``exhaustive``, ``exact`` (pruned by proven bounds), or the proven relative gap to
+    the best bound over every vector not evaluated (``certified`` and ``local`` searches)."""
+    cert = r.get("certificate")
+    if cert in (None, "exhaustive"):
+        return "exhaustive" if cert else "-"
+    if cert == "pruned-exact":
+        return "exact"
+    gap = r.get("gap")
+    word = "gap" if cert == "certified" else cert
+    return f"{word} {100 * gap:.3g} %" if gap is not None and math.isfinite(gap) else f"{word}, no bound"
+
+
 def _exact_search_table(results: list) -> tuple[list, list]:
     headers = ["N", "B*", "tok/s", "eager tok/s", "gain", "tok/s/req", "admission_ms", "states", "evaluated",
-               "residual", "err_bound", "seconds"]
+               "certificate", "residual", "err_bound", "seconds"]
     rows = [[r["N"], _b(r["B"]), f"{r['throughput_tok_s']:.2f}", _eager_cell(r),
              format_gain(r["gain_vs_eager"]), f"{r['per_request_tok_s']:.2f}",
              " ".join(_fmt_lat(x) for x in r["admission_latency_ms"]), r["states"], r["evaluated"],
+             _certificate_cell(r),
              f"{r['max_residual']:.1e}", _bound(r.get("max_throughput_error_bound", r.get("throughput_error_bound"))),
              _seconds(r["seconds"], bool(r["evaluated"]) and r.get("cached") == r["evaluated"])] for r in results]
     return headers, rows
@@ -856,6 +886,8 @@ def main_impl(argv=None) -> int:
     progress = Progress("tr-optimize", enabled=(sys.stderr.isatty() and not a.quiet and not rows))
     doc, found = compute(plan, progress, on_result=_RowReporter(len(plan.Ns)) if rows else None)
     _warn_inaccurate(doc)
+    if plan.method == "exact" and plan.B is None:
+        _warn_loose_gap(doc, plan.search.get("max_gap", DEFAULT_MAX_GAP))
     if plan.thresholds:
         _write_thresholds_file(plan, found, doc["results"])
         if speak:

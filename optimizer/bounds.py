@@ -15,18 +15,23 @@ probability ``P[i][j]``; in a closed system the number of arrivals to ``j`` and
 of steps served there differ by at most ``N`` at any time, so the long-run
 rates satisfy ``X = X P``.
 
-**Little's law.**  A step of model ``j`` holds its request in service for
-``d_j(b)`` quanta (``b`` its batch size), at least ``dmin_j = min_{b <= cap_j}
-d_j(b)``.  The time-average number of requests in service is
-``sum_j X_j E[d_j] >= sum_j X_j dmin_j`` and cannot exceed ``N``.
+Let ``y_jb`` be the long-run rate of batches of ``b`` requests (``b <= cap_j``)
+launched at model ``j``, so ``X_j = sum_b b y_jb``; such a batch lasts
+``d_j(b)`` quanta.
 
-**Capacity.**  Model ``j`` runs one batch at a time; a batch of ``b``
-(``b <= cap_j``) serves ``b`` steps in ``d_j(b)`` quanta, so
-``X_j <= kappa_j = max_{b <= cap_j} b / d_j(b)``.
+**Little's law.**  Each of its ``b`` requests is in service for ``d_j(b)``
+quanta; the time-average number of requests in service,
+``sum_jb b d_j(b) y_jb``, cannot exceed ``N``.
 
-Hence ``T(B) <= max { cbar . X : X = X P, X >= 0, sum_j X_j dmin_j <= N,
-X_j <= kappa_j }`` (a linear program in ``M`` variables) for *every* feasible
-``B``: :func:`no_wait_bound`.  It is exact at ``N = 1`` (a lone request never
+**Capacity.**  Model ``j`` runs one batch at a time: its busy fraction
+``sum_b d_j(b) y_jb`` is at most 1.
+
+Hence ``T(B) <= max { sum_j cbar_j X_j : X = X P, y >= 0, Little, capacity }``
+(a linear program in ``sum_j cap_j`` variables) for *every* feasible ``B``:
+:func:`no_wait_bound`.  It implies the coarser program in ``M`` variables
+(``sum_j X_j dmin_j <= N`` and ``X_j <= max_b b / d_j(b)``), equal to it when
+latencies do not depend on the batch size; with ``L(b)`` it is tighter (a batch
+large enough to serve at capacity also holds its requests longer).  It is exact at ``N = 1`` (a lone request never
 waits) and loose above; the gap it leaves is the waiting the chain computes.
 
 **Per-chain bracket.**  For one chain with states ``s``, holding times
@@ -87,7 +92,8 @@ def shortest_steps(spec: SystemSpec, N: int, round_to_grid: bool = False) -> np.
 
 
 def no_wait_bound(spec: SystemSpec, N: int, *, round_to_grid: bool = False, d: np.ndarray | None = None) -> Bound:
-    """``max cbar.X`` over the flows allowed by flow balance, Little's law and capacity (tokens/s).
+    """``max cbar.X`` over the flows allowed by flow balance, Little's law and capacity, resolved by batch size
+    (tokens/s).
 
     Valid for every feasible ``B`` at concurrency ``N`` (see the module docstring).  With co-running
     latencies a batch lasts ``d`` or ``dco`` (the launch law picks), so the durations used are
@@ -102,17 +108,25 @@ def no_wait_bound(spec: SystemSpec, N: int, *, round_to_grid: bool = False, d: n
     if d is None:
         d = shortest_steps(spec, N, round_to_grid)
     caps = spec.caps(N)
-    dmin = np.array([min(int(d[j, b]) for b in range(1, int(caps[j]) + 1)) for j in range(M)], dtype=float)
-    kappa = np.array([max(b / float(d[j, b]) for b in range(1, int(caps[j]) + 1)) for j in range(M)])
     cbar = (C * P).sum(axis=1)
-    # variables X_0..X_{M-1}; maximise cbar.X  <=>  minimise -cbar.X
-    A_eq = (np.eye(M) - P).T          # X (I - P) = 0  <=>  (I - P)^T X = 0
+    # variables y[j, b]: the rate of batches of b requests launched at model j (b = 1..cap_j), X_j = sum_b b y[j, b]
+    cols = [(j, b) for j in range(M) for b in range(1, int(caps[j]) + 1)]
+    size = np.array([b for _, b in cols], dtype=float)
+    dur = np.array([float(d[j, b]) for j, b in cols])
+    model = np.array([j for j, _ in cols])
+    # maximise cbar.X  <=>  minimise -sum cbar_j b y[j, b]
+    cost = -cbar[model] * size
+    # flow balance X (I - P) = 0: row k is sum_j X_j (1[j = k] - P[j][k])
+    A_eq = ((model[None, :] == np.arange(M)[:, None]).astype(float) - P[model, :].T) * size[None, :]
     b_eq = np.zeros(M)
-    A_ub = dmin[None, :]
-    b_ub = np.array([float(N)])
-    res = linprog(-cbar, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq,
-                  bounds=[(0.0, float(k)) for k in kappa], method="highs")
-    if res.status != 0:  # the LP is always feasible (X = 0) and bounded (capacity); be safe anyway
+    # one batch at a time on each model (busy fraction <= 1), and Little's law (requests in service <= N)
+    A_ub = np.vstack([(model[None, :] == np.arange(M)[:, None]).astype(float) * dur[None, :],
+                      (size * dur)[None, :]])
+    b_ub = np.concatenate([np.ones(M), [float(N)]])
+    res = linprog(cost, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=[(0.0, None)] * len(cols),
+                  method="highs")
+    if res.status != 0:  # the LP is always feasible (y = 0) and bounded (busy time); be safe anyway
+        kappa = np.array([max(b / float(d[j, b]) for b in range(1, int(caps[j]) + 1)) for j in range(M)])
         val = float(np.dot(np.maximum(cbar, 0.0), kappa))
     else:
         val = float(-res.fun)

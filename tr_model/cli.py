@@ -474,8 +474,8 @@ def _warn_loose_gap(doc: dict, max_gap: float) -> None:
     left = sum(int(r.get("unresolved") or 0) for r in loose)
     print(f"warning: at N = {_ns(loose)} B* is proven only within a gap of up to {100 * worst['gap']:.3g} % "
           f"(N = {worst['N']}), above --max-gap {100 * max_gap:g} %: {left:,} threshold vector(s) were left to a "
-          f"bound, their chains or box processes being over the state budget (raise --max-states, or use a "
-          f"coarser --delta-ms)", file=sys.stderr)
+          f"bound, their chains or their boxes' processes being too large to build within the state caps (a "
+          f"coarser --delta-ms makes them smaller)", file=sys.stderr)
 
 
 class _RowReporter:

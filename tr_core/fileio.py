@@ -24,22 +24,46 @@ def _umask() -> int:
 
 
 class signals_deferred:
-    """Hold SIGINT and SIGTERM back from the calling thread for a short critical section (creating, writing and
-    renaming a temporary file): a signal that arrives inside stays pending and is raised when the section ends,
-    so no temporary file is left between its creation and the line that would clean it up.  Where signal
-    masks do not exist it does nothing."""
+    """Hold SIGINT and SIGTERM back for a short critical section (creating, writing and renaming a temporary
+    file): a signal that arrives inside is raised when the section ends, so no temporary file is left between
+    its creation and the line that would clean it up.
+
+    Two layers, because blocking a signal in one thread does not stop it: the kernel hands a process-directed
+    signal to any thread that does not block it (numpy's BLAS threads, a helper thread), and Python then runs
+    its handler in the main thread at the next bytecode, inside the section.  So in the main thread the Python
+    handlers are swapped for a recorder for the section's length (and the signals that were recorded are raised
+    to the real handlers at its end), and the calling thread also blocks the signals (a signal directed at it
+    stays pending).  Where signal masks do not exist only the first layer applies; outside the main thread only
+    the second (the handlers run in the main thread, never here)."""
 
     def __enter__(self):
         import signal
+        import threading
         self.old = None
+        self.saved = None
+        self.pending: list = []
+        if threading.current_thread() is threading.main_thread():
+            saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+            if all(h is not None for h in saved.values()):   # None: a handler set outside Python, left alone
+                self.saved = saved
+                for s in saved:
+                    signal.signal(s, self._record)
         if hasattr(signal, "pthread_sigmask"):
             self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         return self
 
+    def _record(self, signum, frame):
+        self.pending.append(signum)
+
     def __exit__(self, *exc):
+        import signal
         if self.old is not None:
-            import signal
-            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)  # a pending signal is raised here
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)  # a pending signal reaches the recorder here
+        if self.saved is not None:
+            for s, h in self.saved.items():
+                signal.signal(s, h)
+            for s in dict.fromkeys(self.pending):
+                signal.raise_signal(s)    # now to the handler it was meant for
         return False
 
 

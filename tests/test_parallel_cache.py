@@ -157,11 +157,12 @@ def test_signals_deferred_holds_a_signal_another_thread_took():
 
     from tr_core.fileio import signals_deferred
 
-    go = threading.Event()
+    go, sent = threading.Event(), threading.Event()
 
     def spin():
         go.wait(30)
         signal.pthread_kill(threading.get_ident(), signal.SIGTERM)   # taken here, not by the main thread
+        sent.set()
         end = time.monotonic() + 0.3
         while time.monotonic() < end:     # keeps asking for the interpreter lock: the threads switch
             pass
@@ -173,7 +174,8 @@ def test_signals_deferred_holds_a_signal_another_thread_took():
     try:
         with signals_deferred():
             go.set()
-            end = time.monotonic() + 0.6
+            assert sent.wait(30)    # sent inside the section however slowly the threads are scheduled
+            end = time.monotonic() + 0.3
             while time.monotonic() < end:
                 pass
             inside = list(seen)

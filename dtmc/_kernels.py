@@ -590,10 +590,17 @@ def gauss_seidel(indptr, indices, data, x, tol, max_sweeps, check_every):
 
 
 @njit(cache=True)
-def poisson_sweep(indptr, indices, data, r, ref, x):
-    """One in-place Gauss-Seidel sweep for ``h = r + T h`` (CSR of ``T``), then the shift to ``x[ref] = 0``."""
+def poisson_sweep(indptr, indices, data, r, ref, x, backward):
+    """One in-place Gauss-Seidel sweep for ``h = r + T h`` (CSR of ``T``), then the shift to ``x[ref] = 0``.
+
+    ``backward``: through the states from the last to the first.  ``h`` of a state is read from its
+    successors, which the breadth-first enumeration mostly numbers after it, so a backward sweep carries
+    values back along a whole run of clock ticks at once (a forward one moves them one tick a sweep).  The
+    order changes the iteration's spectrum, though: on some chains only one of the two converges (see
+    :func:`dtmc.solve.relative_values`, which tries backwards first)."""
     n = indptr.shape[0] - 1
-    for i in range(n):
+    for k in range(n):
+        i = n - 1 - k if backward else k
         s = r[i]
         dg = 0.0
         for q in range(indptr[i], indptr[i + 1]):
@@ -647,7 +654,7 @@ def stall_count(value, best, stalled):
 
 
 @njit(cache=True)
-def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_every):
+def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_every, backward):
     """The relative values ``h = r + T h`` (shifted to ``h[ref] = 0``) by Gauss-Seidel sweeps accelerated by
     Anderson mixing of memory ``m`` (:func:`anderson_mix`; ``m = 0``: plain sweeps), in place on ``x``.
 
@@ -658,7 +665,7 @@ def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_
     (:func:`dtmc.solve.chain_bracket`), whatever ``x`` is.  A spread more than 10x the previous check's
     restarts the history from the plain sweep.  Stops when it is <= ``tol``, or when four checks in a row
     bring no 10 % improvement (the rounding floor, or a slowly mixing chain the caller hands to a direct
-    solve).  Returns ``(sweeps, spread)``.
+    solve).  ``backward``: the sweeps' order (:func:`poisson_sweep`).  Returns ``(sweeps, spread)``.
     """
     n = indptr.shape[0] - 1
     dX, dF, G, y, f, x_prev, f_prev = anderson_workspace(m, n)
@@ -666,7 +673,7 @@ def poisson_gs(indptr, indices, data, r, tau, ref, x, tol, max_sweeps, m, check_
     spread, best = np.inf, np.inf
     while sweeps < max_sweeps:
         y[:] = x
-        poisson_sweep(indptr, indices, data, r, ref, y)
+        poisson_sweep(indptr, indices, data, r, ref, y, backward)
         sweeps += 1
         if m > 0:
             filled = anderson_mix(x, y, f, x_prev, f_prev, dX, dF, G, filled, have_prev, m)

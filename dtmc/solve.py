@@ -136,10 +136,12 @@ BRACKET_TIGHT_STATES = 700_000
 # R2R under the H200 graph-mode L(b) at N = 32, eager (173,897 states, every batch size its own duration):
 # 4.5e14, and the LU had not ended after 10 minutes
 BRACKET_LU_MAX_WORK = 5e13
-# The relative values are first iterated (Gauss-Seidel, at most BRACKET_GS_SWEEPS sweeps) until the bracket
-# they give is within ACCURACY_TARGET; only a chain that mixes too slowly for that gets the LU solve.  Measured
-# on R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 256: 150-300 sweeps, 0.06-0.12 s against 0.22-0.37 s for the LU
-# at 16,000-32,000 states (a bracket of 1e-11 either way).
+# The relative values are first iterated (Gauss-Seidel, at most BRACKET_GS_SWEEPS sweeps in each order) until
+# the bracket they give is within ACCURACY_TARGET; only a chain that mixes too slowly for that gets the LU
+# solve.  Measured (sweeps backwards, then forwards if needed) on R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 256:
+# 30-40 sweeps at 5,000-23,000 states (forwards alone 20-150), against 0.22-0.37 s for the LU (a bracket of
+# 1e-11 either way); ME (w = 0.5 / 0.3 / 0.2) eager at N = 8, 1.48 M states: 100 sweeps, 4.5 s (forwards 600
+# sweeps, 26 s).
 BRACKET_GS_SWEEPS = 600
 BRACKET_GS_MEMORY = 4
 # skyline bytes per stored entry: the double elimination keeps 2 x 8, the extended-exponent one (used

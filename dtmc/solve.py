@@ -141,7 +141,7 @@ BRACKET_LU_MAX_WORK = 5e13
 # solve.  Measured (sweeps backwards, then forwards if needed) on R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 256:
 # 30-40 sweeps at 5,000-23,000 states (forwards alone 20-150), against 0.22-0.37 s for the LU (a bracket of
 # 1e-11 either way); ME (w = 0.5 / 0.3 / 0.2) eager at N = 8, 1.48 M states: 100 sweeps, 4.5 s (forwards 600
-# sweeps, 26 s).
+# sweeps, 26 s); benchmarks/RESULTS.md, "Throughput bracket" (`python benchmarks/run.py bracket`).
 BRACKET_GS_SWEEPS = 600
 BRACKET_GS_MEMORY = 4
 # skyline bytes per stored entry: the double elimination keeps 2 x 8, the extended-exponent one (used

@@ -290,9 +290,17 @@ def _memory_error(exc: BaseException) -> bool:
     return any(isinstance(e, MemoryError) for e in _chain(exc))
 
 
-def run_cli(fn: Callable, argv=None) -> int:
+def run_cli(fn: Callable, argv=None, *, keep_heap: bool = False) -> int:
     """Run ``fn(argv)`` under the error contract: 0 ok, 2 bad input, 3 resource limit, 130 interrupted,
-    143 terminated (SIGTERM cleans up as Ctrl-C does)."""
+    143 terminated (SIGTERM cleans up as Ctrl-C does).
+
+    ``keep_heap``: a command that solves large chains keeps freed memory for its next solve
+    (:func:`tr_core.heap.keep_heap`); only when run as a console script (``argv`` None), never inside a
+    program that calls it with its own arguments."""
+    if keep_heap and argv is None:
+        from tr_core.heap import keep_heap as _keep
+
+        _keep()
     restore = _install_sigterm()
     before = _Notes.running, _Notes.quiet
     _Notes.running, _Notes.quiet = True, False

@@ -736,7 +736,7 @@ def main_impl(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    return run_cli(main_impl, argv)
+    return run_cli(main_impl, argv, keep_heap=True)
 
 
 if __name__ == "__main__":

@@ -150,3 +150,29 @@ def worktree(commit: str, prefix: str) -> str:
         shutil.rmtree(path)
     git("worktree", "add", "--detach", path, sha)
     return path
+
+
+def run_process_usage(argv: list, timeout_s: float, env: dict | None = None, cwd: str | None = None):
+    """:func:`run_process` with the child's resource usage (its waited-for workers included, as ``wait4``
+    counts them): ``(exit code, stdout, stderr, wall seconds, usage)``; past ``timeout_s`` the session is
+    killed (exit code -9)."""
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
+
+        def kill_tree():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        timer = threading.Timer(timeout_s, kill_tree)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - t0
+        fo.seek(0)
+        fe.seek(0)
+        return proc.returncode, fo.read(), fe.read(), seconds, usage

@@ -117,6 +117,10 @@ def _add_search_args(p) -> None:
     add_search_options(s, defaults=optimize_defaults(), words={
         "max_states": f"{dtmc.DEFAULT_MAX_STATES:,}, about 8 GiB at ~10 transitions per state: fits comfortably in "
                       "24 GB; 1,000,000 with --method auto, so the decision is quick"})
+    s.add_argument("--search-budget-s", type=float, metavar="S", help="exact search: wall-clock budget per N, "
+                   "seconds; a search still running then stops and answers certified, with the gap its proven "
+                   "bounds leave over the vectors it did not reach (default: none, the search runs to its "
+                   "certificate)")
     s.add_argument("--workers", default="auto", metavar="K", help="local worker processes for the search "
                    "(default auto: the machine's cores when the sweep has more than 200 chains to evaluate, "
                    "else 1; results are identical for any K)")
@@ -205,6 +209,7 @@ def _check_numbers(a) -> None:
     if a.trace and a.method == "exact":
         raise SpecError("--trace drives the simulator: use it with --method simulate or auto")
     check_number(a.sim_budget_s, "--sim-budget-s", gt=0, unit=" seconds")
+    check_number(a.search_budget_s, "--search-budget-s", gt=0, unit=" seconds")
     check_number(a.sim_steps, "--sim-steps", ge=1000)
     check_number(a.jitter, "--jitter", ge=0, lt=10)
     if a.plot:
@@ -226,6 +231,14 @@ def _check_hours(a, M: int, Ns: IntRanges) -> float | None:
     from optimizer.cost import check_sweep_seconds, describe_seconds, sweep_seconds
     from tr_core.errors import WorkTooLarge
     sim_s = a.sim_budget_s * len(Ns)
+    if a.method == "exact" and a.search_budget_s is not None:
+        # the budget bounds each N's search (the one chain or box under way when it runs out still ends)
+        est = min(sweep_seconds(M, Ns.spans, a.search), a.search_budget_s * len(Ns))
+        if est > a.max_hours * 3600.0:
+            raise WorkTooLarge(f"--N: {len(Ns):,} values of N at --search-budget-s {a.search_budget_s:g} each is "
+                               f"{describe_seconds(est)}, more than --max-hours = {a.max_hours:g}; sweep fewer "
+                               f"values of N, lower --search-budget-s, or raise --max-hours")
+        return est
     if a.method == "exact":
         return check_sweep_seconds(M, Ns.spans, a.search, a.max_hours, what=f"--N up to {Ns.max:,}",
                                    limit_name="--max-hours", advice="lower N, sweep fewer values of N (e.g. 64 128 "
@@ -244,7 +257,8 @@ def _refuse_dropped(a) -> None:
     if a.no_cache:
         refuse_given(a, ["cache_dir"], "has no effect with --no-cache (give one of them)")
     if a.B is not None:
-        refuse_given(a, ["search", "max_gap", "all", "workers", "dask", "sim_budget_s", "max_hours"],
+        refuse_given(a, ["search", "max_gap", "all", "workers", "dask", "sim_budget_s", "search_budget_s",
+                         "max_hours"],
                      "applies to a search over B; --B evaluates one vector (drop one of them)")
     else:
         refuse_given(a, ["sim_steps"], "applies to --method simulate with --B (one vector); a search uses "
@@ -253,13 +267,17 @@ def _refuse_dropped(a) -> None:
         refuse_given(a, ["jitter", "seed", "sim_budget_s", "sim_steps"],
                      "applies to the simulator (--method simulate or auto), not --method exact")
     if a.method == "simulate":
-        refuse_given(a, ["solver", "tol", "max_states", "search", "max_gap", "workers", "dask", "check_delta"],
+        refuse_given(a, ["solver", "tol", "max_states", "search", "max_gap", "workers", "dask", "check_delta",
+                         "search_budget_s"],
                      "applies to the exact chain, not --method simulate")
         refuse_given(a, ["delta_ms", "delta_rtol", "round"], "applies to the exact chain's time grid; --method "
                      "simulate runs in continuous time (drop one of them)")
     if a.method != "exact":
         refuse_given(a, ["all", "workers", "dask"], f"applies to the exact search (--method exact), not --method "
                      f"{a.method} (which solves one N at a time and keeps no table)")
+    if a.search in ("exhaustive", "local"):
+        refuse_given(a, ["search_budget_s"], f"applies to the pruned, certified and auto searches, not --search "
+                     f"{a.search} (drop one of them)")
     if a.dask:
         refuse_given(a, ["workers"], "has no effect with --dask (the scheduler's workers run the evaluations)")
     if a.B is not None:
@@ -324,6 +342,8 @@ def validate(a) -> Plan:
         kw["cache"] = a.cache_dir or default_cache_dir()
     sim = dict(seed=a.seed, jitter=a.jitter, trace=a.trace, budget_s=a.sim_budget_s, steps=a.sim_steps)
     search = dict(search=opts.search, max_evaluations=opts.max_evaluations)
+    if a.search_budget_s is not None and a.B is None and a.method != "simulate":
+        search["time_budget_s"] = float(a.search_budget_s)
     if opts.gap is not None:  # the searches that take a gap (the others refuse one)
         search["max_gap"] = opts.gap
     if a.thresholds:
@@ -462,20 +482,25 @@ def _warn_inaccurate(doc: dict) -> None:
           + "; ".join(parts) + " (see throughput_error_bound, b_star_rivals in --format json)", file=sys.stderr)
 
 
-def _warn_loose_gap(doc: dict, max_gap: float) -> None:
+def _warn_loose_gap(doc: dict, max_gap: float, budget_s: float | None = None) -> None:
     """One ``warning:`` line on stderr when a certified B* is proven only within more than ``max_gap``: some
-    vectors were left to a bound (their chains, or their boxes' processes, over the state budget), and that
-    bound is looser than the gap asked for."""
+    vectors were left to a bound (their chains, or their boxes' processes, over the state budget, or a search
+    that reached ``budget_s``, ``--search-budget-s``), and that bound is looser than the gap asked for."""
     loose = [r for r in doc["results"] if r.get("certificate") == "certified" and r.get("gap") is not None
              and not r["gap"] <= max_gap * (1 + 1e-9)]
     if not loose:
         return
     worst = max(loose, key=lambda r: r["gap"])
     left = sum(int(r.get("unresolved") or 0) for r in loose)
+    why = ("their chains or their boxes' processes being too large to build within the state caps (a coarser "
+           "--delta-ms makes them smaller)")
+    if budget_s is not None and any(r.get("seconds", 0.0) >= budget_s for r in loose):
+        # a search that reached its budget stopped there; what it left may also have been over a cap
+        why = (f"the search at {'that N' if len(loose) == 1 else 'those N'} reached --search-budget-s "
+               f"{budget_s:g} before it could evaluate or prune them (a larger budget tightens the gap)")
     print(f"warning: at N = {_ns(loose)} B* is proven only within a gap of up to {100 * worst['gap']:.3g} % "
           f"(N = {worst['N']}), above --max-gap {100 * max_gap:g} %: {left:,} threshold vector(s) were left to a "
-          f"bound, their chains or their boxes' processes being too large to build within the state caps (a "
-          f"coarser --delta-ms makes them smaller)", file=sys.stderr)
+          f"bound, {why}", file=sys.stderr)
 
 
 class _RowReporter:
@@ -590,7 +615,8 @@ def _write_thresholds_file(plan: Plan, found: list, doc_results: list) -> None:
     from tr_model.tuning import autotune
     opts = autotune.solver_options(plan.kw["solver"], plan.kw["tol"], plan.kw["max_states"],
                                    plan.system.round_to_grid, plan.search["search"],
-                                   plan.search.get("max_gap", DEFAULT_MAX_GAP), policy=plan.policy)
+                                   plan.search.get("max_gap", DEFAULT_MAX_GAP),
+                                   time_budget_per_n_s=plan.search.get("time_budget_s"), policy=plan.policy)
     autotune.write_sweep(plan.thresholds, plan.system.spec, found, opts, tool="tr-optimize",
                          policy_rows=[r.get("policy") for r in doc_results] if plan.policy else None)
 
@@ -887,7 +913,7 @@ def main_impl(argv=None) -> int:
     doc, found = compute(plan, progress, on_result=_RowReporter(len(plan.Ns)) if rows else None)
     _warn_inaccurate(doc)
     if plan.method == "exact" and plan.B is None:
-        _warn_loose_gap(doc, plan.search.get("max_gap", DEFAULT_MAX_GAP))
+        _warn_loose_gap(doc, plan.search.get("max_gap", DEFAULT_MAX_GAP), plan.search.get("time_budget_s"))
     if plan.thresholds:
         _write_thresholds_file(plan, found, doc["results"])
         if speak:

@@ -344,6 +344,10 @@ def validate(a) -> Plan:
     search = dict(search=opts.search, max_evaluations=opts.max_evaluations)
     if a.search_budget_s is not None and a.B is None and a.method != "simulate":
         search["time_budget_s"] = float(a.search_budget_s)
+        if search["search"] == "auto":
+            # what auto runs under a time budget at every N (tr_core.search_rule.resolve_auto): said as such in
+            # the notes and the thresholds file
+            search["search"] = "certified"
     if opts.gap is not None:  # the searches that take a gap (the others refuse one)
         search["max_gap"] = opts.gap
     if a.thresholds:

@@ -4,10 +4,13 @@ A chain of millions of states is built and solved in arrays of hundreds of megab
 and freed at the end of each solve.  glibc serves every such block by a fresh ``mmap`` and returns it by
 ``munmap``, so each solve touches all its memory for the first time again: one page fault per 4 KiB page.
 On the virtual machines these tools run on a fault costs several microseconds (6.4 us measured on the
-project's 2-core machine), and a three-model search spent a sixth of its time in the kernel doing that
-(ME at N = 10: 37 s of system time in 228 s).  With large blocks taken from the ordinary heap and the heap
-trimmed only when gigabytes lie free at its top, later solves reuse pages already mapped: the same search
-ran in 205 s with 7 s of system time and a 4 % larger peak (benchmarks/RESULTS.md, "Heap").
+project's 2-core machine), and a three-model search spent a sixth of its time in the kernel doing that.
+With large blocks taken from the ordinary heap and the heap trimmed only when gigabytes lie free at its top,
+later solves reuse pages already mapped.  Measured side by side (benchmarks/RESULTS.md, "Heap"): ME at N = 10
+266 s -> 222 s (system time 44 s -> 13 s, peak 2.46 -> 2.54 GB); where the chains are smaller the system time
+still falls (ME N = 8: 4.3 s -> 1.0 s; R2R N = 192: 8.1 s -> 3.4 s) but the wall time does not (0.93 and 0.97
+of the default's speed in that run, within the machine's noise: two more ME N = 8 pairs gave 58.6 / 58.9 s and
+66.2 / 62.5 s).
 
 Only the command lines do this (:func:`keep_heap`, called by :func:`tr_core.cli.run_cli` when it runs a
 console script): a program that imports the library keeps its own allocator settings.  The worker

@@ -79,6 +79,20 @@ def _tree_rss_mb(root: int) -> float:
     return sum(rss.get(p, 0) for p in tree) / 2**20
 
 
+def _start_session(argv: list, fo, fe, env, cwd, timeout_s: float):
+    """``argv`` started in a session of its own, and a timer (not started) that kills the whole session at
+    ``timeout_s``: a command's pool workers would outlive a kill of the command alone and run on beside the
+    next rows."""
+    proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
+
+    def kill_tree():
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc, threading.Timer(timeout_s, kill_tree)
+
+
 def run_process_tree(argv: list, timeout_s: float, env: dict | None = None, interval_s: float = 0.5,
                      cwd: str | None = None):
     """:func:`run_process` with the process tree's summed resident memory sampled every ``interval_s``:
@@ -86,16 +100,7 @@ def run_process_tree(argv: list, timeout_s: float, env: dict | None = None, inte
     process and its workers in MB)``."""
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         t0 = time.perf_counter()
-        # a session of its own, killed whole at the limit: the command's pool workers would outlive a kill of
-        # the command alone and run on beside the next rows
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
-
-        def kill_tree():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        timer = threading.Timer(timeout_s, kill_tree)
+        proc, timer = _start_session(argv, fo, fe, env, cwd, timeout_s)
         peak = [0.0]
         stop = threading.Event()
 
@@ -158,14 +163,7 @@ def run_process_usage(argv: list, timeout_s: float, env: dict | None = None, cwd
     killed (exit code -9)."""
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd, start_new_session=True)
-
-        def kill_tree():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        timer = threading.Timer(timeout_s, kill_tree)
+        proc, timer = _start_session(argv, fo, fe, env, cwd, timeout_s)
         timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)

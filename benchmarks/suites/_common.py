@@ -36,20 +36,8 @@ def run_process(argv: list, timeout_s: float):
     """Run ``argv`` to its end: ``(exit code, stdout, stderr, wall seconds, peak RSS in MB)``.  The peak is this
     child's own (``wait4``), not the high-water mark of every child so far; past ``timeout_s`` it is killed
     (exit code -9)."""
-    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True)
-        timer = threading.Timer(timeout_s, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - t0
-        fo.seek(0)
-        fe.seek(0)
-        return proc.returncode, fo.read(), fe.read(), seconds, usage.ru_maxrss / 1024.0
+    code, out, err, seconds, usage = run_process_usage(argv, timeout_s)
+    return code, out, err, seconds, usage.ru_maxrss / 1024.0
 
 
 def _tree_rss_mb(root: int) -> float:

@@ -151,12 +151,16 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
         skipped: list = []
         if limit is not None and len(evals) + len(todo) > limit:
             return cur
-        if budget is not None and evals and time.perf_counter() - t0 > budget:
-            return cur
-        for e in _evaluate_fitting(spec, N, todo, workers, executor, kw, skipped):
-            seen.add(e.B)
-            evals.append(e)
-            by[e.B] = e
+        # under a budget the neighbours go a round of the workers at a time, the budget checked before each
+        # (three models at N = 16: six neighbours of a minute or more each would overrun it by minutes)
+        chunk = len(todo) if budget is None else max(1, int(workers))
+        for i in range(0, max(1, len(todo)), max(1, chunk)):
+            if budget is not None and evals and time.perf_counter() - t0 > budget:
+                return cur if i == 0 else _top_of(cur, nbrs, by)
+            for e in _evaluate_fitting(spec, N, todo[i:i + chunk], workers, executor, kw, skipped):
+                seen.add(e.B)
+                evals.append(e)
+                by[e.B] = e
         too_large.update(skipped)    # what did not fit is left to the search's later passes (bounded there)
         fit = [by[B] for B in nbrs if B in by]
         if not fit:
@@ -165,6 +169,12 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
         if top.B == cur:
             return cur
         cur = top.B
+
+
+def _top_of(cur, nbrs, by):
+    """The best evaluated among ``cur`` and its neighbours ``nbrs`` (``cur`` when none is evaluated)."""
+    fit = [by[B] for B in nbrs if B in by]
+    return pick_best(fit).B if fit else cur
 
 
 def auto_coarse(d, max_inflation: float = 0.015, dco=None, co_inflation: float | None = None) -> int:
@@ -507,11 +517,13 @@ def branch_and_bound(spec: SystemSpec, N: int, *, workers: int = 1, executor=Non
 
 def search_pool(N: int, workers: int, executor, time_budget_s: float | None):
     """``with search_pool(...) as pool``: one pool of ``workers`` local processes (:func:`tr_core.parallel.
-    local_pool`) held by a search at one N from :data:`PARALLEL_BOX_N` on that has workers but no executor and
-    no time budget; ``pool`` is None otherwise (nothing is started)."""
+    local_pool`) held by a search at one N that has workers but no executor, from :data:`PARALLEL_BOX_N` on or
+    under a time budget (whose search evaluates its chains a round of the workers at a time, the budget checked
+    between rounds: a pool started for each round would cost more than small chains); ``pool`` is None
+    otherwise (nothing is started)."""
     import contextlib
 
-    if executor is None and int(workers) > 1 and time_budget_s is None and int(N) >= PARALLEL_BOX_N:
+    if executor is None and int(workers) > 1 and (time_budget_s is not None or int(N) >= PARALLEL_BOX_N):
         from tr_core.parallel import local_pool
 
         return local_pool(int(workers))
@@ -543,7 +555,9 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
     st = tuple(int(b) for b in start) if start is not None else _guided_start(spec, N, kw)
     if len(st) != M or not F.is_feasible(st, N):
         st = _guided_start(spec, N, kw)
-    batch = batch or max(1, int(workers)) * 2
+    # a batch of chains runs to its end before the budget is checked again: one round of the workers under a
+    # budget, two otherwise (so a pool never waits on the last chain of a batch)
+    batch = batch or max(1, int(workers)) * (1 if time_budget_s is not None else 2)
 
     evals: list[Evaluation] = []
     seen: set = set()

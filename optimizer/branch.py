@@ -57,13 +57,13 @@ BOX_ENTRIES_PER_STATE = 120
 # co-running law; under these caps every first-grid box is bounded and the answer is certified within 0.1 %
 # instead of the scaled all-policy bound's 3.1 %
 SCREEN_BOX_STATES = 1_400_000
+SCREEN_ENTRIES_PER_STATE = 250
 # the share of a time budget the first steepest ascent may use (the rest is left to the box pass that bounds
 # what the search does not reach).  ME at N = 16, chains of 5-9 million states, one to two minutes each: with
 # the whole budget (120 s) the ascent ran 5 chains and no box was built; with half of 300 s the box pass then
 # pruned 360 of the 816 vectors (three far boxes), though the vectors near B* still kept only the flow bound
 # (gap 23.9 %, 24.0 % before)
 ASCENT_BUDGET_SHARE = 0.5
-SCREEN_ENTRIES_PER_STATE = 250
 
 
 def _below_any(B, tops) -> bool:
@@ -153,10 +153,12 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
             return cur
         # under a budget the neighbours go a round of the workers at a time, the budget checked before each
         # (three models at N = 16: six neighbours of a minute or more each would overrun it by minutes)
-        chunk = len(todo) if budget is None else max(1, int(workers))
-        for i in range(0, max(1, len(todo)), max(1, chunk)):
+        chunk = max(1, len(todo) if budget is None else int(workers))
+        stopped = False
+        for i in range(0, len(todo), chunk):
             if budget is not None and evals and time.perf_counter() - t0 > budget:
-                return cur if i == 0 else _top_of(cur, nbrs, by)
+                stopped = True
+                break
             for e in _evaluate_fitting(spec, N, todo[i:i + chunk], workers, executor, kw, skipped):
                 seen.add(e.B)
                 evals.append(e)
@@ -166,15 +168,9 @@ def _ascend(spec, N, cur, evals, seen, allowed, workers, executor, kw, t0, budge
         if not fit:
             return cur
         top = pick_best(fit)
-        if top.B == cur:
-            return cur
+        if stopped or top.B == cur:
+            return top.B
         cur = top.B
-
-
-def _top_of(cur, nbrs, by):
-    """The best evaluated among ``cur`` and its neighbours ``nbrs`` (``cur`` when none is evaluated)."""
-    fit = [by[B] for B in nbrs if B in by]
-    return pick_best(fit).B if fit else cur
 
 
 def auto_coarse(d, max_inflation: float = 0.015, dco=None, co_inflation: float | None = None) -> int:

@@ -48,7 +48,7 @@ def test_a_budget_the_search_does_not_reach_changes_nothing(run_inproc):
 
 
 def test_a_budget_must_be_a_positive_number(run_inproc):
-    for bad in ("0", "-5", "nan"):
+    for bad in ("0", "-5", "nan", "inf", "abc"):
         code, out, err = _run(run_inproc, *R2R, "--N", "4", "--search-budget-s", bad)
         lines = [x for x in err.splitlines() if x.strip()]
         assert code == 2 and len(lines) == 1 and lines[0].startswith("error:") and "--search-budget-s" in lines[0], err
@@ -61,3 +61,48 @@ def test_the_budget_bounds_the_time_estimate_of_a_sweep(run_inproc):
     code, out, err = _run(run_inproc, *R2R, "--N", "1-2000", "--search-budget-s", "10", "--max-hours",
                                 "0.5", "--quiet")
     assert code == 3 and "--search-budget-s 10" in err and "--max-hours" in err, err
+
+
+class _Clock:
+    """A clock for optimizer.branch that moves only when chains are solved: ``per_chain`` seconds each."""
+
+    def __init__(self, per_chain: float):
+        self.now, self.per_chain, self.chains = 0.0, per_chain, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def wrap(self, fn):
+        def solve(spec, N, todo, *rest, **kw):
+            out = fn(spec, N, todo, *rest, **kw)
+            self.chains += len(todo)
+            self.now += self.per_chain * len(todo)
+            return out
+        return solve
+
+
+def test_a_budget_is_checked_between_chains_and_half_is_left_to_the_bounds(monkeypatch):
+    """Every chain costs 10 s on the fake clock and the budget is 25 s: the ascent may use 12.5 s, so it stops
+    after its second chain (not after its round of neighbours), the box pass prunes in the time left, and the
+    later passes stop after one chain more."""
+    import types
+
+    import tr_model
+    from optimizer import branch
+    from optimizer.search import optimize_thresholds
+
+    spec = tr_model.preset("r2r", [6.0, 27.9], p=0.35)
+    exact = optimize_thresholds(spec, 24, search="pruned")
+    clock = _Clock(10.0)
+    monkeypatch.setattr(branch, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(branch, "_evaluate_each", clock.wrap(branch._evaluate_each))
+    got = optimize_thresholds(spec, 24, search="certified", time_budget_s=25.0, workers=1)
+    # the eager chain (solved before the ascent, off this clock), two ascent chains (0 -> 10 -> 20 s: the
+    # second starts at 10 < 12.5), then one chain of the later passes (20 < 25 -> 30 s) and the stop
+    assert clock.chains == 3, clock.chains
+    assert got.evaluated == 4
+    assert got.certificate == "certified" and got.unresolved > 0
+    # the box pass ran in the half the ascent left (this clock does not move while it builds its processes)
+    assert any(name.startswith("box") for name in got.pruned_by), got.pruned_by
+    assert got.upper_bound_tok_s >= exact.throughput_tok_s * (1 - 1e-9)
+    assert got.throughput_tok_s <= exact.throughput_tok_s * (1 + 1e-9)

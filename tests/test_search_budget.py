@@ -29,7 +29,6 @@ def test_a_search_that_reaches_its_budget_answers_certified_and_its_bound_covers
     got = _result(out)
     assert got["certificate"] == "certified"
     assert got["unresolved"] > 0
-    assert got["seconds"] >= 0.000001
     assert got["throughput_tok_s"] <= exact["throughput_tok_s"] * (1 + 1e-9)
     assert got["upper_bound_tok_s"] >= exact["throughput_tok_s"] * (1 - 1e-9)
     assert got["gap"] > 0.001

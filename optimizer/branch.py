@@ -278,16 +278,72 @@ def _clip(N: int, lo, hi):
     return tuple(min(h, a + slack) for a, h in zip(lo, hi))
 
 
-def first_grid_boxes(N: int, M: int, split: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """The boxes the whole-set pass starts from: a grid of side about ``N / split`` over the thresholds, the
-    boxes with a feasible lower corner.  The whole set is never prunable (it holds B*), and a box's cost is
-    its process's build, so trying the few top levels of a bisection only wastes it."""
-    side = max(1, -(-N // max(1, int(split))))
+def first_grid_boxes(N: int, M: int, split: int, side: int | None = None) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The boxes the whole-set pass starts from: a grid of side about ``N / split`` (or ``side``) over the
+    thresholds, the boxes with a feasible lower corner.  The whole set is never prunable (it holds B*), and a
+    box's cost is its process's build, so trying the few top levels of a bisection only wastes it."""
+    side = max(1, int(side) if side else -(-N // max(1, int(split))))
     out = []
     for corner in itertools.product(*[range(1, N + 1, side)] * M):
         if F.is_feasible(corner, N):
             out.append((tuple(corner), tuple(min(N, c + side - 1) for c in corner)))
     return out
+
+
+# a sweep's box pass at N skips a clock for a box that failed on it at the previous N of the sweep by more than
+# this (relative, beyond the pruning limit): the bound moves little between neighbouring N, so such a try would
+# fail again.  R2R (p = 0.35, L = 6.0 / 27.9 ms) at N = 160, one process: 34 s of its 65 s of box bounds were
+# tries that failed, 29 s of them by more than 0.5 %
+MEMORY_SKIP_MARGIN = 0.005
+# ... from this N on (below, the box pass takes seconds)
+MEMORY_FROM_N = 64
+# a skipped try's record is carried to the next N of the sweep at most this many times before the box is tried
+# again (the incumbent moves with N: a box far from it at one N may be pruned a few N later)
+MEMORY_MAX_AGE = 3
+
+
+class BoxMemory:
+    """What the whole-set box pass found at the previous N of a sweep, to skip the tries that would fail again.
+
+    One instance is handed to the searches of consecutive N (increasing) in one process.  :meth:`begin` fixes
+    the first grid's side for N: the previous N's, while it still gives ``split - 1`` to ``split + 1`` boxes
+    a side, so that the boxes of the bisection have the same corners at both N (away from the feasibility
+    boundary, where clipping moves them); otherwise a new side and nothing remembered.  The pass records, for
+    every box it tries, the ratio of its bound to the incumbent on each clock (:meth:`note`), and skips a clock
+    where the previous N's ratio was above the pruning limit by more than :data:`MEMORY_SKIP_MARGIN`
+    (:meth:`skip`); a box whose every clock is skipped is split without a build.  Only the work depends on it:
+    a box is pruned only by a bound computed at this N.
+    """
+
+    def __init__(self):
+        self.side: int | None = None
+        self.prev: dict = {}
+        self.now: dict = {}
+        self.skipped = 0
+
+    def begin(self, N: int, split: int) -> int | None:
+        """The first grid's side at ``N`` (None: the default), after rotating the records."""
+        split = max(1, int(split))
+        if int(N) < MEMORY_FROM_N:
+            self.side, self.prev, self.now = None, {}, {}
+            return None
+        if self.side is not None and (split - 1) * self.side < N <= (split + 1) * self.side:
+            self.prev, self.now = self.now, {}
+        else:
+            self.side, self.prev, self.now = -(-int(N) // split), {}, {}
+        return self.side
+
+    def note(self, box, c: int, ratio: float) -> None:
+        self.now.setdefault(box, {})[int(c)] = (float(ratio), 0)
+
+    def skip(self, box, c: int, limit: float) -> bool:
+        r = self.prev.get(box, {}).get(int(c))
+        if r is None or r[0] <= limit * (1.0 + MEMORY_SKIP_MARGIN) or r[1] >= MEMORY_MAX_AGE:
+            return False
+        # carried to the next N unmeasured, so that a box is tried afresh at least every MEMORY_MAX_AGE + 1 N
+        self.now.setdefault(box, {})[int(c)] = (r[0], r[1] + 1)
+        self.skipped += 1
+        return True
 
 
 # the whole-set pass shares its first-grid boxes out to the search's local worker processes from this N on
@@ -337,7 +393,8 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
               deadline: float | None, stats: dict, coarse: int = 1, fine_states: int | None = None,
               max_sweeps: int = 3000, split: int = 1, max_gap: float = 0.0, root_states: int = 0,
               known: dict | None = None, failed: list | None = None, first_states: int | None = None,
-              grid: list | None = None, screen: int | None = None) -> None:
+              grid: list | None = None, screen: int | None = None, memory: BoxMemory | None = None,
+              side: int | None = None) -> None:
     """Prune whole boxes of thresholds with :func:`optimizer.bounds.box_bound` (recursive bisection).
 
     A box holding an evaluated vector at least as good as ``best`` cannot be pruned and is split
@@ -355,12 +412,14 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
     :func:`_box_pass_parallel`).  ``screen``: a slot longer than the first clock (:func:`screen_slot`) on
     which each box of the first grid is tried before the others, with the first grid's cap: the far boxes,
     whose processes are the largest, prune on it; a box over the cap on it is over the cap on every clock.
+    ``memory``: a sweep's :class:`BoxMemory` (skips the clocks where a box failed widely at the previous N;
+    records this N's); ``side``: the first grid's side (default about ``N / split``).
     """
     from optimizer.bounds import box_bound
 
     M = spec.M
     rtg = kw.get("round_to_grid", False)
-    todo = list(first_grid_boxes(N, M, split) if grid is None else grid)
+    todo = list(first_grid_boxes(N, M, split, side) if grid is None else grid)
     todo.reverse()
     # the first grid's boxes as the loop sees them (clipped to the feasible set)
     first_grid = {(lo, _clip(N, lo, hi)) for lo, hi in todo}
@@ -442,8 +501,11 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                                           for flo, fhi in finer_failed.get(c, ())):
                     stats["finer_skipped"] = stats.get("finer_skipped", 0) + 1
                     break
-                stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
                 target = best / (1.0 - max_gap) if max_gap > 0 else best
+                if memory is not None and memory.skip((lo, hi), c, target / best):
+                    stats["memory_skipped"] = stats.get("memory_skipped", 0) + 1
+                    continue
+                stats["boxes_tried"] = stats.get("boxes_tried", 0) + 1
                 stack = kept.setdefault(c, [])
                 r = box_bound(spec, N, lo, hi, target_tok_s=target, max_states=cap, round_to_grid=rtg,
                               max_entries=max(60_000_000, (SCREEN_ENTRIES_PER_STATE if c == screen
@@ -451,8 +513,12 @@ def _box_pass(spec, N, best, by_B, cands, pruned_set, pruned, kw, *, min_box: in
                               coarse=c, max_sweeps=max_sweeps, parent=stack[-1] if stack else None, keep=c > 1)
                 stats["box_seconds"] = stats.get("box_seconds", 0.0) + r.seconds
                 tried.append((c, r))
+                if memory is not None and r.status == "ok":
+                    memory.note((lo, hi), c, r.upper_tok_s / best)
                 if r.status == "too large":
                     stats["boxes_too_large"] = stats.get("boxes_too_large", 0) + 1
+                    if memory is not None and c == 1:
+                        memory.note((lo, hi), c, math.inf)      # over the fine clock's cap: not again
                     if c in (levels[0], first_c):
                         failed_tops.append(hi)
                         if failed is not None:
@@ -534,7 +600,8 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
                      min_box: int = 8, max_box_states: int = 400_000, cheap_states: int = 5_000, cheap_factor: int = 8,
                      stats: dict | None = None, coarse: int | None = None, fine_states: int = 30_000,
                      box_sweeps: int = 200, box_split: int | None = None, whole_pass: bool = True,
-                     first_box_states: int | None = FIRST_BOX_STATES, **kw) -> "object":
+                     first_box_states: int | None = FIRST_BOX_STATES, box_memory: BoxMemory | None = None,
+                     **kw) -> "object":
     t0 = time.perf_counter()
     N = F.check_n(N)
     M = spec.M
@@ -688,17 +755,24 @@ def _branch_and_bound(spec: SystemSpec, N: int, *, candidates: Sequence[Sequence
             # a cheap, looser clock first (far boxes prune on it), then a tighter one, then the fine one
             coarse = coarse_levels(bounder.d, bounder.dco)
             screen = screen_slot(bounder.d, bounder.dco)
+        parallel = executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N
+        # a sweep's memory of the previous N serves the pass in this process only (the shared-out pass is
+        # the single-N command's)
+        memory = box_memory if (box_memory is not None and not parallel and candidates is None) else None
+        side = memory.begin(N, box_split) if memory is not None else None
+        if memory is not None and side is None:
+            memory = None
         if best > -math.inf and whole_pass:
             opts = dict(min_box=min_box, max_box_states=max_box_states, coarse=coarse, fine_states=fine_states,
                         max_sweeps=box_sweeps, max_gap=max_gap, first_states=first_box_states, screen=screen)
-            if executor is not None and time_budget_s is None and N >= PARALLEL_BOX_N:
+            if parallel:
                 _box_pass_parallel(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
                                    executor=executor, stats=stats, known=known, failed=failed_boxes,
                                    split=box_split, **opts)
             else:
                 _box_pass(spec, N, best, {e.B: e for e in evals}, cands, pruned_set, pruned, kw,
                           deadline=None if time_budget_s is None else t0 + time_budget_s, stats=stats,
-                          split=box_split, known=known, failed=failed_boxes, **opts)
+                          split=box_split, known=known, failed=failed_boxes, memory=memory, side=side, **opts)
         # 2. cheap chains, exactly; the large ones are deferred, then pruned a box at a time
         # "large" is relative to the incumbent's chain: near B* chains are small, the costly ones are far
         top_states = pick_best(evals).states if evals else 0

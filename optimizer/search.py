@@ -74,7 +74,7 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
                         time_budget_s: float | None = None, max_evaluations: int | None = None,
                         start: Sequence[int] | None = None, eager: bool = True, policies=None,
                         boxes: bool = True, prove: bool = True,
-                        workers: int = 1, executor=None, progress=None, **kw) -> Optimum:
+                        workers: int = 1, executor=None, progress=None, box_memory=None, **kw) -> Optimum:
     """B* at concurrency N (see the module docstring for ``search``).
 
     ``candidates`` restricts the search to the given vectors (the bounds then
@@ -88,6 +88,8 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     ``prove``: re-solve, with more effort on the error bound, every evaluated
     but rejected chain whose bound is too loose to exclude it from B*
     (:func:`optimizer.optimum.tighten_rivals`); False leaves them as found.
+    ``box_memory``: an :class:`optimizer.branch.BoxMemory` shared by the searches of a sweep's consecutive N
+    in one process (it only saves box bounds that would fail again; the answer does not depend on it).
     """
     from optimizer.branch import search_pool
 
@@ -97,12 +99,13 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
         opt = _optimize_thresholds(spec, N, candidates=candidates, search=search, max_gap=max_gap,
                                    time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
                                    eager=eager, policies=policies, boxes=boxes, workers=workers, executor=ex,
-                                   progress=progress, **kw)
+                                   progress=progress, box_memory=box_memory, **kw)
         return tighten_rivals(spec, opt, executor=ex, **kw) if prove else opt
 
 
 def _optimize_thresholds(spec: SystemSpec, N: int, *, candidates, search, max_gap, time_budget_s, max_evaluations,
-                         start, eager, policies, boxes, workers, executor, progress, **kw) -> Optimum:
+                         start, eager, policies, boxes, workers, executor, progress, box_memory=None,
+                         **kw) -> Optimum:
     N = F.check_n(N)
     search = _check_search(search)
     if not (0.0 <= max_gap < 1.0):
@@ -130,7 +133,8 @@ def _optimize_thresholds(spec: SystemSpec, N: int, *, candidates, search, max_ga
     return branch_and_bound(spec, N, candidates=candidates, max_gap=0.0 if search == "pruned" else max_gap,
                             bounder=bounder, boxes=boxes,
                             time_budget_s=time_budget_s, max_evaluations=max_evaluations, start=start,
-                            eager=eager, workers=workers, executor=executor, progress=progress, **kw)
+                            eager=eager, workers=workers, executor=executor, progress=progress,
+                            box_memory=box_memory, **kw)
 
 
 def _check_search(search: str) -> str:
@@ -225,8 +229,12 @@ def optimize_sweep(spec: SystemSpec, Ns: Sequence[int], *, workers: int = 1, exe
                     if on_result is not None and executor is not None:
                         on_result(o)
         return [out[N] for N in Ns]
+    from optimizer.branch import BoxMemory
+
+    memory = BoxMemory()
     for k, N in enumerate(order):
-        o = optimize_thresholds(spec, N, start=prev, workers=workers, executor=executor, **common)
+        o = optimize_thresholds(spec, N, start=prev, workers=workers, executor=executor, box_memory=memory,
+                                **common)
         prev = o.best_B
         out[N] = o
         if on_result is not None:
@@ -308,11 +316,14 @@ def _sweep_chain(payload) -> list[Optimum]:
     res: list[Optimum] = []
     prev = None
     last = None
+    from optimizer.branch import BoxMemory
+
+    memory = BoxMemory()
     for N in Ns:
         if policy_n and common.get("policies") is None and _uses_policies(spec, N, common):
             common = dict(common, policies=_policy_table(spec, policy_n, rtg))
         start = None if prev is None else tuple(max(1, round(b * N / last)) for b in prev)
-        o = optimize_thresholds(spec, N, start=start, workers=1, **common)
+        o = optimize_thresholds(spec, N, start=start, workers=1, box_memory=memory, **common)
         prev, last = o.best_B, N
         res.append(o)
         if queue is not None:

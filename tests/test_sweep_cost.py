@@ -92,12 +92,12 @@ def test_tr_optimize_refuses_years_before_any_work(tmp_path, monkeypatch, argv, 
 def test_tr_optimize_max_hours_lets_a_long_sweep_through_with_its_estimate_said():
     from tr_model.cli import build_parser, estimate_note, validate
 
-    args = [*SYSTEM, "--N", "1-300", "--search", "certified", "--no-cache"]
+    args = [*SYSTEM, "--N", "1-400", "--search", "certified", "--no-cache"]
     with pytest.raises(WorkTooLarge):
         validate(build_parser().parse_args(args))
     plan = validate(build_parser().parse_args(args + ["--max-hours", "100"]))
-    assert plan.estimate_s == pytest.approx(cost.sweep_seconds(2, [(1, 300)], "certified"))
-    assert "about 24.3 hours" in estimate_note(plan) and "each N is reported" in estimate_note(plan)
+    assert plan.estimate_s == pytest.approx(cost.sweep_seconds(2, [(1, 400)], "certified"))
+    assert "about 40.2 hours" in estimate_note(plan) and "each N is reported" in estimate_note(plan)
     # the default sweep is short: no note
     assert estimate_note(validate(build_parser().parse_args([*SYSTEM, "--N", "1-64", "--no-cache"]))) is None
 

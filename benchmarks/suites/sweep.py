@@ -30,13 +30,14 @@ NOTES = ("R2R: --p 0.35 --L 6.0 27.9; R2R co-run: the same with --corun-slowdown
          "and its workers summed, sampled every 0.5 s; exact / certified: how many N have each certificate "
          "(exhaustive or pruned-exact / certified); max_gap: the largest certified gap; max_err_bound: the largest "
          "proven relative throughput error over every kept chain; evaluated: chains solved over all N; same_B: "
-         "N whose B* equals the other engine's; warnings: 'warning:' lines on stderr.  Single runs (each pair "
+         "N whose B* equals the other engine's; warnings: 'warning:' lines on stderr.  The memory acts from N = 64 "
+         "(optimizer.branch.MEMORY_FROM_N).  Single runs (each pair "
          "takes minutes); each run is limited to " + "1800 s.")
 
 R2R = ["--p", "0.35", "--L", "6.0", "27.9"]
 SYSTEMS = {"R2R": R2R, "R2R co-run": R2R + ["--corun-slowdown", "2.8", "1.05", "--round"]}
 QUICK_ROWS = [("R2R", 65, 72)]
-FULL_ROWS = [("R2R", 145, 160), ("R2R co-run", 145, 160)]
+FULL_ROWS = [("R2R", 1, 128), ("R2R", 145, 160), ("R2R co-run", 145, 160)]
 MAX_SECONDS = 1800
 MAIN = "import sys; from tr_model.cli import main; sys.exit(main())"
 

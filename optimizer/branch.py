@@ -306,7 +306,7 @@ class BoxMemory:
     """What the whole-set box pass found at the previous N of a sweep, to skip the tries that would fail again.
 
     One instance is handed to the searches of consecutive N (increasing) in one process.  :meth:`begin` fixes
-    the first grid's side for N: the previous N's, while it still gives ``split - 1`` to ``split + 1`` boxes
+    the first grid's side for N: the previous N's, while it still gives ``split`` or ``split + 1`` boxes
     a side, so that the boxes of the bisection have the same corners at both N (away from the feasibility
     boundary, where clipping moves them); otherwise a new side and nothing remembered.  The pass records, for
     every box it tries, the ratio of its bound to the incumbent on each clock (:meth:`note`), and skips a clock

@@ -13,7 +13,7 @@ from tr_core.spec import preset
 R2R = preset("r2r", (6.0, 27.9), p=0.35)
 
 
-def test_the_first_grid_keeps_its_side_while_it_gives_three_to_five_boxes_a_side():
+def test_the_first_grid_keeps_its_side_while_it_gives_four_or_five_boxes_a_side():
     m = BoxMemory()
     assert m.begin(BR.MEMORY_FROM_N - 1, 4) is None          # below the memory's range: the default grid
     assert m.begin(160, 4) == 40

@@ -91,3 +91,18 @@ def test_unknown_suite_and_bad_results_file_are_one_error_line(tmp_path):
                         str(tmp_path / "R.md")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "x.json" in r.stderr and "missing" in r.stderr
     assert not (tmp_path / "R.md").exists()
+
+
+def test_every_committed_suite_loads_with_the_interface_and_its_results_have_its_columns():
+    """A suite file that no longer imports, lost TITLE/COLUMNS/run, or whose committed rows no longer match its
+    columns fails here, not at the next benchmark run."""
+    runner = _load("run")
+    names = runner.suite_names()
+    assert "sweep" in names and "scaling" in names
+    for name in names:
+        mod = runner.load_suite(name)          # raises SuiteError naming what is wrong
+        path = os.path.join(BENCH, "results", f"{name}.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                rows = json.load(f)["rows"]
+            runner.check_rows(name, mod.COLUMNS, rows)

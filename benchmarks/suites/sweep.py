@@ -31,8 +31,8 @@ NOTES = ("R2R: --p 0.35 --L 6.0 27.9; R2R co-run: the same with --corun-slowdown
          "(exhaustive or pruned-exact / certified); max_gap: the largest certified gap; max_err_bound: the largest "
          "proven relative throughput error over every kept chain; evaluated: chains solved over all N; same_B: "
          "N whose B* equals the other engine's; warnings: 'warning:' lines on stderr.  The memory acts from N = 64 "
-         "(optimizer.branch.MEMORY_FROM_N).  Single runs (each pair "
-         "takes minutes); each run is limited to " + "1800 s.")
+         "(optimizer.branch.MEMORY_FROM_N).  Single runs (each pair takes minutes); each run is limited to "
+         "1800 s (MAX_SECONDS).")
 
 R2R = ["--p", "0.35", "--L", "6.0", "27.9"]
 SYSTEMS = {"R2R": R2R, "R2R co-run": R2R + ["--corun-slowdown", "2.8", "1.05", "--round"]}

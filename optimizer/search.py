@@ -91,8 +91,10 @@ def optimize_thresholds(spec: SystemSpec, N: int, *, candidates: Sequence[Sequen
     ``box_memory``: an :class:`optimizer.branch.BoxMemory` shared by the searches of a sweep's consecutive N
     in one process (it only saves box bounds that would fail again; the answer does not depend on it).
     """
-    from optimizer.branch import search_pool
+    from optimizer.branch import BoxMemory, search_pool
 
+    if box_memory is not None and not isinstance(box_memory, BoxMemory):
+        raise SpecError(f"box_memory must be an optimizer.branch.BoxMemory or None, got {type(box_memory).__name__}")
     # a search at server scale holds one pool of local workers for the search and the re-solve of B*'s rivals
     with search_pool(N, workers, executor, time_budget_s) as pool:
         ex = executor if pool is None else pool

@@ -79,3 +79,10 @@ def test_a_memory_that_skips_every_recorded_try_changes_no_answer(monkeypatch):
             assert o.pruned_vectors and o.evaluated + len(o.pruned_vectors) == len(truth)
             for B, name, bound in o.pruned_vectors:
                 assert bound >= truth[B] * (1 - 1e-9), (N, B, name, bound, truth[B])
+
+
+def test_a_memory_that_is_not_one_is_refused_by_name():
+    from tr_core.errors import SpecError
+
+    with pytest.raises(SpecError, match="box_memory must be an optimizer.branch.BoxMemory"):
+        optimize_thresholds(R2R, 4, search="pruned", box_memory={"prev": {}})

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from dtmc._kernels import EMPTY, I0, I1, ChainTables, _launch_mask, corun_at_launch
+from dtmc._kernels import EMPTY, I0, I1, ChainTables, _borrow, _borrowed_tables, _launch_mask, corun_at_launch
 from dtmc._kernels import _decode as _unpack
 from dtmc._kernels import _encode as _pack
 from dtmc._kernels import _grow, _mix, _table_size  # noqa: F401  (the hash table's, re-exported for the tests)
@@ -41,7 +41,7 @@ from dtmc._kernels import _table_rebuild as _rehash
 # kernel would survive an edit of dtmc/_kernels.py.  This stamp is the sha256 of that file;
 # tests/test_kernel_copies.py fails when it is stale, and updating it edits this file, which invalidates
 # this module's cache.
-_DTMC_KERNELS_SHA = "dd48b5f1ed7187a0a64bb854fb1df48ae4d6ce6bfe1471e90e6adff1eef3edcf"
+_DTMC_KERNELS_SHA = "b87f609d6fd3b25423dd51d0044828d420681f528e118edbce5839224daa75f3"
 
 class Box(NamedTuple):
     """A threshold box ``lo <= B <= hi`` (componentwise): the launch freedom of a decision process."""
@@ -130,6 +130,13 @@ class _CoarseScratch(NamedTuple):
     ch: np.ndarray
     nch: np.ndarray
     first: np.ndarray
+    k: np.ndarray
+    b: np.ndarray
+    r: np.ndarray
+    done: np.ndarray
+    idx: np.ndarray
+    clo: np.ndarray
+    chi: np.ndarray
 
 
 # lmin of a model that never launched: above any queue a coarse-clock process is built for (N < NO_LAUNCH,
@@ -751,6 +758,39 @@ def coarse_mdp_build(N, box, tables, dur, limits, ordered):
     decision bounds of every option (``opt_w``/``opt_l``, ``M`` per entry, flat) and the initial
     states with theirs (``ninit``, ``init_idx``, ``init_w``, ``init_l``).
     """
+    M = box.lo.shape[0]
+    rows = 1
+    for _ in range(M * M):
+        rows *= 3
+    z = np.zeros
+    sc = _CoarseScratch(z((rows, 5 * M), dtype=np.int64), z((rows, 5 * M), dtype=np.int64),
+                        z(rows + 1, dtype=np.int64), z((rows + 1, M), dtype=np.int64),
+                        z((rows + 1, M), dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64),
+                        z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64),
+                        z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64),
+                        z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64), z(M, dtype=np.int64))
+    return _coarse_mdp_build(N, box, tables, dur, limits, ordered, sc)
+
+
+@njit(cache=True, inline="always")
+def _borrowed_scratch(sc):
+    """:class:`_CoarseScratch` with every array borrowed (the caller owns them)."""
+    return _CoarseScratch(_borrow(sc.cfg), _borrow(sc.nxt), _borrow(sc.opts), _borrow(sc.ow), _borrow(sc.ol),
+                          _borrow(sc.stage), _borrow(sc.kk), _borrow(sc.bb), _borrow(sc.rr), _borrow(sc.ch),
+                          _borrow(sc.nch), _borrow(sc.first), _borrow(sc.k), _borrow(sc.b), _borrow(sc.r),
+                          _borrow(sc.done), _borrow(sc.idx), _borrow(sc.clo), _borrow(sc.chi))
+
+
+@njit(cache=True)
+def _coarse_mdp_build(N, box, tables, dur, limits, ordered, sc):
+    """:func:`coarse_mdp_build` on the scratch arrays ``sc`` (:class:`_CoarseScratch`) it allocated."""
+
+    # Every array the outcome loop hands to its inlined helpers is a borrowed view (dtmc._kernels._borrow):
+    # counting their references took half of the build.  All are owned by the caller.
+    box = Box(_borrow(box.lo), _borrow(box.hi))
+    tables = _borrowed_tables(tables)
+    dur = _borrow(dur)
+    sc = _borrowed_scratch(sc)
     cbar, offsets, prob, bn, br = tables.cbar, tables.offsets, tables.prob, tables.bn, tables.br
     max_states, max_entries = limits.max_states, limits.max_entries
     M = box.lo.shape[0]
@@ -768,29 +808,8 @@ def coarse_mdp_build(N, box, tables, dur, limits, ordered):
     tcap = 4096
     tkeys = np.full(tcap, EMPTY, dtype=np.int64)
     tvals = np.empty(tcap, dtype=np.int64)
-    k = np.zeros(M, dtype=np.int64)
-    b = np.zeros(M, dtype=np.int64)
-    r = np.zeros(M, dtype=np.int64)
-    done = np.zeros(M, dtype=np.int64)
-    idx = np.zeros(M, dtype=np.int64)
-    clo = np.zeros(M, dtype=np.int64)
-    chi = np.zeros(M, dtype=np.int64)
-    rows = 1
-    for _ in range(M * M):
-        rows *= 3
-    opts = np.empty(rows + 1, dtype=np.int64)
-    ow = np.empty((rows + 1, M), dtype=np.int64)
-    ol = np.empty((rows + 1, M), dtype=np.int64)
-    cfg = np.zeros((rows, 5 * M), dtype=np.int64)
-    nxt = np.zeros((rows, 5 * M), dtype=np.int64)
-    stage = np.zeros(M, dtype=np.int64)
-    kk = np.zeros(M, dtype=np.int64)
-    bb = np.zeros(M, dtype=np.int64)
-    rr = np.zeros(M, dtype=np.int64)
-    ch = np.zeros(M, dtype=np.int64)
-    nch = np.zeros(M, dtype=np.int64)
-    first = np.zeros(M, dtype=np.int64)
-    sc = _CoarseScratch(cfg, nxt, opts, ow, ol, stage, kk, bb, rr, ch, nch, first)
+    k, b, r, done, idx, clo, chi = sc.k, sc.b, sc.r, sc.done, sc.idx, sc.clo, sc.chi
+    cfg, nxt, opts, ow, ol = sc.cfg, sc.nxt, sc.opts, sc.ow, sc.ol
     # initial configuration: all N wait at model 0, launch rule once (no completions: one stage)
     cfg[0, 0] = N
     for i in range(M):

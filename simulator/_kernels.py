@@ -74,7 +74,7 @@ from dtmc._kernels import corun_at_launch
 # so a cached kernel here would keep an older inlined copy after an edit of dtmc/_kernels.py: this stamp is
 # that file's sha256 (tests/test_kernel_copies.py fails when it is stale; updating it edits this file, which
 # invalidates this module's cache).
-_DTMC_KERNELS_SHA = "dd48b5f1ed7187a0a64bb854fb1df48ae4d6ce6bfe1471e90e6adff1eef3edcf"
+_DTMC_KERNELS_SHA = "b87f609d6fd3b25423dd51d0044828d420681f528e118edbce5839224daa75f3"
 
 
 class SimSystem(NamedTuple):

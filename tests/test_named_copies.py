@@ -81,7 +81,7 @@ COPIES = [
     ("odometer over the launch choices", ("optimizer/_kernels.py", "_stage_launch"),
      ("optimizer/_kernels.py", "_launch_keys"), "j = 0", 9, {}),
     ("growable arrays of a decision process", ("optimizer/_kernels.py", "_mdp_build"),
-     ("optimizer/_kernels.py", "coarse_mdp_build"), "max_states, max_entries =", 10, {}),
+     ("optimizer/_kernels.py", "_coarse_mdp_build"), "max_states, max_entries =", 10, {}),
     ("walk to the next completion", ("optimizer/_kernels.py", "_mdp_build"),
      ("optimizer/_kernels.py", "class_reach"), "while head < n:", 6, {}),
     ("GTH elimination: alive sets", ("dtmc/_kernels.py", "gth_solve"),

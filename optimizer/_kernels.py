@@ -969,24 +969,41 @@ def mdp_restrict(proc, box):
     ``proc``: the parent (:class:`CoarseProcess`).  Returns the same tuple as :func:`coarse_mdp_build`
     (``keys`` holds the parent's indices).
     """
-    n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l = proc
-    lo, hi = box.lo, box.hi
-    M = lo.shape[0]
+    n = proc.n
+    M = box.lo.shape[0]
+    nu_max = proc.out_ptr[n]
+    ne_max = proc.opt_ptr[nu_max]
+    ninit = proc.ninit
     where = np.full(n, -1, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
-    tau2 = np.empty(n, dtype=np.int64)
-    g2 = np.empty(n, dtype=np.float64)
-    nu_max = out_ptr[n]
-    ne_max = opt_ptr[nu_max]
-    out_ptr2 = np.zeros(n + 1, dtype=np.int64)
-    out_prob2 = np.empty(nu_max + 1, dtype=np.float64)
-    opt_ptr2 = np.zeros(nu_max + 2, dtype=np.int64)
-    opt_idx2 = np.empty(ne_max + 1, dtype=np.int64)
-    opt_w2 = np.empty((ne_max + 1) * M, dtype=np.int16)
-    opt_l2 = np.empty((ne_max + 1) * M, dtype=np.int16)
-    init_idx2 = np.empty(ninit, dtype=np.int64)
-    init_w2 = np.empty(ninit * M, dtype=np.int64)
-    init_l2 = np.empty(ninit * M, dtype=np.int64)
+    out = CoarseProcess(0, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.float64), np.zeros(n + 1, dtype=np.int64),
+                        np.empty(nu_max + 1, dtype=np.float64), np.zeros(nu_max + 2, dtype=np.int64),
+                        np.empty(ne_max + 1, dtype=np.int64), np.empty((ne_max + 1) * M, dtype=np.int16),
+                        np.empty((ne_max + 1) * M, dtype=np.int16), 0, np.empty(ninit, dtype=np.int64),
+                        np.empty(ninit * M, dtype=np.int64), np.empty(ninit * M, dtype=np.int64))
+    st, n2, ninit2 = _restrict(proc, box, out, where, order)
+    return (st, n2, order, out.tau, out.g, out.out_ptr, out.out_prob, out.opt_ptr, out.opt_idx, out.opt_w, out.opt_l,
+            ninit2, out.init_idx, out.init_w, out.init_l)
+
+
+@njit(cache=True, inline="always")
+def _borrowed_process(p):
+    """:class:`CoarseProcess` with every array borrowed (the caller owns them)."""
+    return CoarseProcess(p.n, _borrow(p.tau), _borrow(p.g), _borrow(p.out_ptr), _borrow(p.out_prob),
+                         _borrow(p.opt_ptr), _borrow(p.opt_idx), _borrow(p.opt_w), _borrow(p.opt_l), p.ninit,
+                         _borrow(p.init_idx), _borrow(p.init_w), _borrow(p.init_l))
+
+
+@njit(cache=True)
+def _restrict(proc, box, out, where, order):
+    """:func:`mdp_restrict` into the arrays of ``out`` (a :class:`CoarseProcess` it allocated, counts unused) and
+    ``where``/``order``; returns (status, states, initial states).  Every array is borrowed (the caller owns
+    them): the helpers called per entry would otherwise count references to each (half of the time)."""
+    n, tau, g, out_ptr, out_prob, opt_ptr, opt_idx, opt_w, opt_l, ninit, init_idx, init_w, init_l = _borrowed_process(proc)
+    _, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, _, init_idx2, init_w2, init_l2 = (
+        _borrowed_process(out))
+    lo, hi, where, order = _borrow(box.lo), _borrow(box.hi), _borrow(where), _borrow(order)
+    M = lo.shape[0]
     n2 = 0
     ninit2 = 0
     for e in range(ninit):
@@ -996,8 +1013,7 @@ def mdp_restrict(proc, box):
             _copy_bounds(init_w, init_l, e, init_w2, init_l2, ninit2, M)
             ninit2 += 1
     if n2 == 0:
-        return (DEADLOCK, 0, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2,
-                init_idx2, init_w2, init_l2)
+        return DEADLOCK, 0, ninit2
     nu = 0
     ne = I0
     head = 0
@@ -1015,15 +1031,13 @@ def mdp_restrict(proc, box):
                     ne += 1
                     cnt += 1
             if cnt == 0:
-                return (DEADLOCK, head, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2,
-                        ninit2, init_idx2, init_w2, init_l2)
+                return DEADLOCK, head, ninit2
             out_prob2[nu] = out_prob[u]
             nu += 1
             opt_ptr2[nu] = ne
         head += 1
         out_ptr2[head] = nu
-    return (OK, n2, order, tau2, g2, out_ptr2, out_prob2, opt_ptr2, opt_idx2, opt_w2, opt_l2, ninit2, init_idx2,
-            init_w2, init_l2)
+    return OK, n2, ninit2
 
 
 # --------------------------------------------------------------------------------------------------

@@ -255,6 +255,10 @@ def _mdp_build(N, box, tables, limits, empty, keep):
     models have ``b = r = 0``; unfilled otherwise), ``key0`` the initial configuration's (all N at
     model 0) and ``init`` the state indices its decision may lead to.
     """
+    # the box and the tables are borrowed (dtmc._kernels._borrow; the caller owns them): each call of
+    # _options per routing outcome would otherwise count references to five of their arrays
+    box = Box(_borrow(box.lo), _borrow(box.hi))
+    tables = _borrowed_tables(tables)
     cbar, offsets, parts, prob, bn, br = (tables.cbar, tables.offsets, tables.parts, tables.prob, tables.bn,
                                           tables.br)
     max_states, max_entries = limits.max_states, limits.max_entries

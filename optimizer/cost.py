@@ -11,11 +11,11 @@ This module puts a number on a sweep from the growth measured on two cores
     the sum of chain seconds over every feasible vector: 99 s at N = 40, growing as N^5
     (2.4 / 12.7 / 31.9 / 99.0 s at N = 20 / 28 / 32 / 40);
 ``pruned``, ``certified``
-    30 s at N = 128, growing as N^3.5: the default sweep (two workers, each N's box pass after its previous
-    N's) measured 908 core-seconds for N = 1-128 (estimated 882) and 43 an N at N = 145-160 (estimated 55);
-    one N alone about 45 / 116 / 350 core-seconds at N = 128 / 192 / 256 (estimated 30 / 124 / 339;
-    benchmarks/RESULTS.md, "Server scale" and "Sweep at server scale"); below N = 80 the model is under the
-    measured times;
+    20 s at N = 128, growing as N^3.5: the default sweep (two workers, each N's box pass after its previous
+    N's, the box kernels on borrowed arrays) measured 575 core-seconds for N = 1-128 (estimated 588) and 28 an
+    N at N = 145-160 (estimated 37); one N alone 45 core-seconds at N = 160 in one process (estimated 44) and
+    147 s of two workers at N = 256 (estimated 226 core-seconds; experiments/LOG.md, "reference counting in
+    the box kernels"); below N = 80 the model is under the measured times;
 ``local``
     a tenth of ``certified`` (a heuristic: a few chains near the previous B* per N, with the same growth);
 ``auto``
@@ -24,8 +24,8 @@ This module puts a number on a sweep from the growth measured on two cores
 These are rates of one system (R2R, latencies 6.0 / 27.9 ms); chains of other latency ratios are larger
 or smaller, so the figure is an *estimate*, rounded, and the refusal limit (:data:`DEFAULT_MAX_HOURS`, a
 day of one core) is far from the sweeps people run: the default ``--N 1-64`` is estimated at about
-a minute, ``--N 1-256`` at about 5.4 hours (accepted), ``--N 1-400`` at about 40 hours and ``--N 1-2047`` at
-about 7 years (refused).  Every estimate is an underestimate at small N, so nothing affordable is refused.
+a minute, ``--N 1-256`` at about 3.6 hours (accepted), ``--N 1-400`` at about 27 hours and ``--N 1-2047`` at
+about 5 years (refused).  Every estimate is an underestimate at small N, so nothing affordable is refused.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEFAULT_MAX_HOURS = S.DEFAULT_MAX_HOURS
 # one core's seconds for one N: ref_s * (N / ref_n) ** power (exhaustive: experiments/LOG.md, "Round 3"; bounded:
 # the module docstring)
 _EXHAUSTIVE = (99.0, 40, 5.0)
-_BOUNDED = (30.0, 128, 3.5)
+_BOUNDED = (20.0, 128, 3.5)
 _LOCAL_SHARE = 0.1
 
 

@@ -97,7 +97,7 @@ def test_tr_optimize_max_hours_lets_a_long_sweep_through_with_its_estimate_said(
         validate(build_parser().parse_args(args))
     plan = validate(build_parser().parse_args(args + ["--max-hours", "100"]))
     assert plan.estimate_s == pytest.approx(cost.sweep_seconds(2, [(1, 400)], "certified"))
-    assert "about 40.2 hours" in estimate_note(plan) and "each N is reported" in estimate_note(plan)
+    assert "about 26.8 hours" in estimate_note(plan) and "each N is reported" in estimate_note(plan)
     # the default sweep is short: no note
     assert estimate_note(validate(build_parser().parse_args([*SYSTEM, "--N", "1-64", "--no-cache"]))) is None
 

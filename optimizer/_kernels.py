@@ -787,8 +787,7 @@ def _borrowed_scratch(sc):
 
 @njit(cache=True)
 def _coarse_mdp_build(N, box, tables, dur, limits, ordered, sc):
-    """:func:`coarse_mdp_build` on the scratch arrays ``sc`` (:class:`_CoarseScratch`) it allocated."""
-
+    """:func:`coarse_mdp_build` on the scratch arrays ``sc`` (:class:`_CoarseScratch`) that it allocated."""
     # Every array the outcome loop hands to its inlined helpers is a borrowed view (dtmc._kernels._borrow):
     # counting their references took half of the build.  All are owned by the caller.
     box = Box(_borrow(box.lo), _borrow(box.hi))

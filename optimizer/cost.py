@@ -13,9 +13,9 @@ This module puts a number on a sweep from the growth measured on two cores
 ``pruned``, ``certified``
     20 s at N = 128, growing as N^3.5: the default sweep (two workers, each N's box pass after its previous
     N's, the box kernels on borrowed arrays) measured 575 core-seconds for N = 1-128 (estimated 588) and 28 an
-    N at N = 145-160 (estimated 37); one N alone 45 core-seconds at N = 160 in one process (estimated 44) and
-    147 s of two workers at N = 256 (estimated 226 core-seconds; experiments/LOG.md, "reference counting in
-    the box kernels"); below N = 80 the model is under the measured times;
+    N at N = 145-160 (estimated 37); one N alone 42-45 core-seconds at N = 160 in one process (estimated 44)
+    and 147-167 s of two workers at N = 256 (estimated 226 core-seconds; benchmarks/RESULTS.md, "Box processes
+    on borrowed arrays"); below N = 80 the model is under the measured times;
 ``local``
     a tenth of ``certified`` (a heuristic: a few chains near the previous B* per N, with the same growth);
 ``auto``

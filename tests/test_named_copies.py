@@ -5,7 +5,7 @@ The pairs (a pair is two files, or two places in one file, sharing runs of six o
 
 - ``optimizer/_kernels.py`` with itself: ``_stage_launch`` and ``_launch_keys`` (the per-model launch choices
   and the odometer over them; ``_launch_keys`` is the last stage of ``_stage_launch`` fused with packing, kept
-  apart for speed), ``_mdp_build`` with ``coarse_mdp_build`` (the same growable arrays) and with
+  apart for speed), ``_mdp_build`` with ``_coarse_mdp_build`` (the same growable arrays) and with
   ``class_reach`` (the same breadth-first walk over the next completion time).  Compiled kernels, inlined on
   purpose: a call with this many array arguments costs more than its body.
 - ``dtmc/_kernels.py`` with itself: ``gth_solve`` and ``gth_solve_scaled`` (the same GTH elimination and

@@ -39,7 +39,8 @@ NOTES = ("before: the commit " + BASELINE + " (every array a kernel's helpers ta
          "[21, 40] x [41, 80] out of the last, and mdp_build of the all-policy box at N = 48 (fine clock, empty "
          "batches); outputs_equal: every process's arrays identical.  search: tr-optimize " + " ".join(R2R) +
          " --N N --no-cache --format json, one process (--workers 1) or the default workers; outputs_equal: the "
-         "same B* and throughput within 1e-12 relative.  load_1m: the 1-minute load average at the first start "
+         "same B* and throughput within 1e-12 relative (at every N of the sweep: tr-optimize --N 145-152, default "
+         "workers, each worker's searches sharing their box memory).  load_1m: the 1-minute load average at the first start "
          "(median).")
 
 BUILD = r'''
@@ -123,23 +124,29 @@ def _run(argv, env, cwd):
     return code, out, err, seconds, usage.ru_maxrss / 1024.0
 
 
-def _search(tree: str, env: dict, N: int, workers: list[str]) -> dict:
+def _search(tree: str, env: dict, N, workers: list[str]) -> dict:
     args = [*R2R, "--N", str(N), *workers, "--format", "json", "--no-cache", "--quiet"]
     with tempfile.TemporaryDirectory(prefix="tr-boxes-") as cwd:
         code, out, err, seconds, _peak, tree_mb = _common.run_process_tree(
             [sys.executable, "-P", "-c", MAIN, *args], MAX_SECONDS, env=env, cwd=cwd)
     if code != 0:
         raise RuntimeError(f"tr-optimize {' '.join(args)} in {tree}: exit {code}\n" + err.strip()[-400:])
-    r = json.loads(out)["results"][0]
+    res = json.loads(out)["results"]
     return {"seconds": seconds, "peak": tree_mb,
-            "values": [tuple(r["B"]), float(r["throughput_tok_s"]), r.get("certificate"), r.get("gap")]}
+            "values": [[int(r["N"]), list(r["B"]), float(r["throughput_tok_s"]), r.get("certificate"), r.get("gap")]
+                       for r in res]}
 
 
 def _same(kind: str, a, b) -> bool:
     if kind == "build":
         return a == b
-    rel = abs(a[1] - b[1]) / max(abs(a[1]), abs(b[1]), 1e-300)
-    return list(a[0]) == list(b[0]) and rel <= 1e-12
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        rel = abs(x[2] - y[2]) / max(abs(x[2]), abs(y[2]), 1e-300)
+        if x[0] != y[0] or x[1] != y[1] or rel > 1e-12:
+            return False
+    return True
 
 
 def workloads(quick: bool):
@@ -149,7 +156,8 @@ def workloads(quick: bool):
                 ("search: R2R N=96, one process", "search", 1, 96, ["--workers", "1"])]
     return [("build: box processes R2R N=160", "build", 3, 0, []),
             ("search: R2R N=160, one process", "search", 2, 160, ["--workers", "1"]),
-            ("search: R2R N=256, default workers", "search", 1, 256, [])]
+            ("search: R2R N=256, default workers", "search", 1, 256, []),
+            ("sweep: R2R N=145-152, default workers", "search", 1, "145-152", [])]
 
 
 def run(quick: bool) -> list[dict]:
@@ -172,9 +180,15 @@ def run(quick: bool) -> list[dict]:
         b = statistics.median(r["seconds"] for r in res["before"])
         n = statistics.median(r["seconds"] for r in res["now"])
         last = res["now"][-1]["values"]
-        result = ("; ".join(f"{v[0]}: {v[1][1]:,} states" for v in last[:3]) if kind == "build"
-                  else f"B* {tuple(last[0])}, {last[1]:,.2f} tok/s, {last[2]}"
-                  + (f" gap {float(last[3]):.3%}" if last[3] else ""))
+        if kind == "build":
+            result = "; ".join(f"{v[0]}: {v[1][1]:,} states" for v in last[:3])
+        elif len(last) == 1:
+            _, B, tok, cert, gap = last[0]
+            result = f"B* {tuple(B)}, {tok:,.2f} tok/s, {cert}" + (f" gap {float(gap):.3%}" if gap else "")
+        else:
+            gaps = [float(v[4] or 0.0) for v in last]
+            result = (f"{len(last)} N, {sum(v[3] in ('exhaustive', 'pruned-exact') for v in last)} exact, "
+                      f"largest gap {max(gaps):.3%}; {n / len(last):.1f} s an N now")
         rows.append({"workload": label, "pairs": pairs, "before_s": b, "now_s": n, "ratio": n / b,
                      "before_peak_mb": statistics.median(r["peak"] for r in res["before"]),
                      "now_peak_mb": statistics.median(r["peak"] for r in res["now"]),
